@@ -1,0 +1,100 @@
+//! `belayerd`: the per-node Belayer agent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use belayer_agent::config::{Config, DEFAULT_CONFIG};
+use belayer_agent::daemon::Agent;
+use belayer_ipc::{AccessPolicy, Server, ServerConfig};
+use clap::Parser;
+
+/// Command line of `belayerd`; flags override the config file.
+#[derive(Debug, Parser)]
+#[command(name = "belayerd", version, about = "Belayer agent: sandboxes with full checkpoint and restore")]
+struct Args {
+    /// Socket path (default /run/belayer/belayer.sock).
+    #[arg(long, env = "BELAYER_SOCKET")]
+    socket: Option<PathBuf>,
+    /// State directory (default /var/lib/belayer).
+    #[arg(long, env = "BELAYER_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    /// Configuration file (TOML).
+    #[arg(long, env = "BELAYER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Path of the criu binary.
+    #[arg(long, env = "BELAYER_CRIU")]
+    criu: Option<PathBuf>,
+    /// Group id whose members may use the socket besides root.
+    #[arg(long)]
+    socket_gid: Option<u32>,
+    /// Honour test-fault hooks in checkpoint requests (tests only).
+    #[arg(long, hide = true)]
+    test_hooks: bool,
+}
+
+fn main() {
+    belayer_agent::helper::dispatch();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Args::parse()) {
+        tracing::error!("{e:#}");
+        eprintln!("belayerd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    // Block the shutdown signals before any thread starts, so only the waiter sees them.
+    let mut signals = signal_hook_iter()?;
+    let (path, required) = match &args.config {
+        Some(p) => (p.clone(), true),
+        None => (PathBuf::from(DEFAULT_CONFIG), false),
+    };
+    let mut config = Config::load(&path, required)?;
+    if let Some(s) = args.socket {
+        config.socket = s;
+    }
+    if let Some(s) = args.state_dir {
+        config.state_dir = s;
+    }
+    if args.criu.is_some() {
+        config.criu = args.criu;
+    }
+    if args.socket_gid.is_some() {
+        config.socket_gid = args.socket_gid;
+    }
+    config.test_hooks |= args.test_hooks;
+    let mut server_config = ServerConfig::new(&config.socket).max_frame(config.max_frame_bytes);
+    if let Some(gid) = config.socket_gid {
+        server_config = server_config.group(gid).policy(AccessPolicy::group(gid));
+    }
+    let agent = Agent::start(config.clone()).context("starting belayerd")?;
+    let server = Server::bind(server_config).context("binding the socket")?;
+    tracing::info!(socket = %config.socket.display(), state_dir = %config.state_dir.display(), "belayerd ready");
+    let trigger = server.shutdown_trigger();
+    std::thread::spawn(move || {
+        if signals.next().is_some() {
+            tracing::info!("shutting down (sandboxes keep running)");
+            trigger.trigger();
+        }
+    });
+    let handler: Arc<dyn belayer_ipc::Handler> = agent;
+    server.serve(handler).context("serving")?;
+    Ok(())
+}
+
+/// Blocks SIGTERM/SIGINT in every thread and returns an iterator that yields when one arrives.
+fn signal_hook_iter() -> Result<impl Iterator<Item = i32>> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.thread_block().context("blocking signals")?;
+    Ok(std::iter::from_fn(move || set.wait().ok().map(|s| s as i32)))
+}

@@ -1,0 +1,172 @@
+//! How the `belayer` command prints answers: JSON with `--json`, short text otherwise.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use belayer_ipc::{ExecResult, RestoreInfo, Response, SandboxInfo};
+use serde_json::json;
+
+/// Prints answers in the chosen style.
+#[derive(Debug, Clone, Copy)]
+pub struct Printer {
+    /// JSON output.
+    pub json: bool,
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Bytes as text: UTF-8 when valid, else lossy.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+impl Printer {
+    /// A newly created sandbox: `{"id"}` or the bare id.
+    pub fn created(&self, info: &SandboxInfo) {
+        if self.json {
+            print_json(&json!({ "id": info.id, "init_pid": info.init_pid, "cgroup": info.cgroup }));
+        } else {
+            println!("{}", info.id);
+        }
+    }
+
+    /// An action's result; returns the exit code for the CLI.
+    pub fn exec(&self, r: &ExecResult) -> i32 {
+        if self.json {
+            print_json(&json!({
+                "exit_code": r.exit_code,
+                "signal": r.signal,
+                "stdout": text(&r.stdout),
+                "stderr": text(&r.stderr),
+                "truncated": r.truncated,
+                "timed_out": r.timed_out,
+                "duration_ms": r.duration_ms,
+            }));
+        } else {
+            let _ = std::io::stdout().write_all(&r.stdout);
+            let _ = std::io::stderr().write_all(&r.stderr);
+            if r.timed_out {
+                eprintln!("belayer: action timed out after {:.0} ms", r.duration_ms);
+            }
+        }
+        r.exit_code
+    }
+
+    /// A restore; writes the context to `context_out` when given.
+    pub fn restored(&self, r: &RestoreInfo, context_out: Option<&Path>) -> Result<()> {
+        if let Some(path) = context_out {
+            std::fs::write(path, &r.context).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if self.json {
+            let mut v = json!({
+                "sandbox": r.sandbox,
+                "prefix": r.prefix.unwrap_or(0),
+                "restarted_from_base": r.prefix.is_none(),
+                "init_pid": r.init_pid,
+                "timings_ms": r.timings_ms,
+            });
+            match context_out {
+                Some(p) => v["context_file"] = json!(p.display().to_string()),
+                None => v["context"] = json!(text(&r.context)),
+            }
+            print_json(&v);
+        } else {
+            match r.prefix {
+                Some(k) => println!(
+                    "restored {} at prefix k={} in {:.1} ms (pid {})",
+                    r.sandbox, k, r.timings_ms.total, r.init_pid
+                ),
+                None => println!(
+                    "no ready checkpoint: {} restarted from its base image (k=0) in {:.1} ms",
+                    r.sandbox, r.timings_ms.total
+                ),
+            }
+            if context_out.is_none() && !r.context.is_empty() {
+                println!("context: {}", text(&r.context));
+            }
+        }
+        Ok(())
+    }
+
+    /// Any other answer.
+    pub fn response(&self, r: Response) {
+        if self.json {
+            let v = match &r {
+                Response::Pong { version } => json!({ "version": version }),
+                Response::Image(i) => json!(i),
+                Response::Images(v) => json!(v),
+                Response::Sandbox(s) => json!(s),
+                Response::Sandboxes(v) => json!(v),
+                Response::Exec(e) => json!(e),
+                Response::Checkpoint(c) => json!(c),
+                Response::Checkpoints(v) => json!(v),
+                Response::Restored(r) => json!(r),
+                Response::Gc { removed, bytes } => json!({ "removed": removed, "bytes": bytes }),
+                Response::Status(s) => json!(s),
+                Response::Done => json!({ "ok": true }),
+                Response::Error(e) => json!({ "error": format!("{:?}", e.code), "message": e.message }),
+            };
+            print_json(&v);
+            return;
+        }
+        match r {
+            Response::Pong { version } => println!("belayerd {version}"),
+            Response::Image(i) => println!("{}\t{} bytes", i.name, i.bytes),
+            Response::Images(v) => {
+                println!("NAME\tBYTES");
+                for i in v {
+                    println!("{}\t{}", i.name, i.bytes);
+                }
+            }
+            Response::Sandbox(s) => {
+                println!("id:           {}", s.id);
+                println!("image:        {}", s.image);
+                println!("state:        {}", s.state);
+                println!("instance:     {}", s.instance);
+                println!("init pid:     {}", s.init_pid.map_or("-".into(), |p| p.to_string()));
+                println!("pids:         {:?}", s.pids);
+                println!("cgroup:       {}", s.cgroup);
+                println!("ready prefix: {}", s.ready_prefix.map_or("-".into(), |k| k.to_string()));
+                println!("tag:          {}", s.tag.as_deref().unwrap_or("-"));
+            }
+            Response::Sandboxes(v) => {
+                println!("ID\tSTATE\tIMAGE\tREADY\tPIDS");
+                for s in v {
+                    let ready = s.ready_prefix.map_or("-".into(), |k| k.to_string());
+                    println!("{}\t{}\t{}\t{}\t{}", s.id, s.state, s.image, ready, s.pids.len());
+                }
+            }
+            Response::Checkpoint(c) => println!(
+                "checkpoint {} of {} at k={}: {} bytes, frozen {:.1} ms, total {:.1} ms",
+                c.checkpoint, c.sandbox, c.prefix, c.bytes, c.timings_ms.frozen_total, c.timings_ms.total
+            ),
+            Response::Checkpoints(v) => {
+                println!("CHECKPOINT\tPREFIX\tBYTES\tFROZEN_MS\tCREATED_MS");
+                for c in v {
+                    println!(
+                        "{}\t{}\t{}\t{:.1}\t{}",
+                        c.checkpoint, c.prefix, c.bytes, c.timings_ms.frozen_total, c.created_unix_ms
+                    );
+                }
+            }
+            Response::Gc { removed, bytes } => println!("removed {removed} checkpoints ({bytes} bytes)"),
+            Response::Status(s) => {
+                println!("belayerd {} (protocol {})", s.version, s.protocol);
+                println!("criu:      {}", s.criu);
+                println!("cgroups:   {}", s.cgroup);
+                println!("sandboxes: {}", s.sandboxes);
+            }
+            Response::Done => {}
+            Response::Exec(e) => {
+                let _ = self.exec(&e);
+            }
+            Response::Restored(r) => {
+                let _ = self.restored(&r, None);
+            }
+            Response::Error(e) => eprintln!("error: {:?}: {}", e.code, e.message),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! Daemon configuration: a TOML file (`/etc/belayer/belayer.toml` by default) whose every field
+//! can be overridden by flags; unknown keys are rejected.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Default socket path.
+pub const DEFAULT_SOCKET: &str = "/run/belayer/belayer.sock";
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/belayer";
+/// Default configuration file.
+pub const DEFAULT_CONFIG: &str = "/etc/belayer/belayer.toml";
+
+/// Configuration of `belayerd`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Unix socket the daemon listens on.
+    pub socket: PathBuf,
+    /// Root of the daemon's state: images, sandboxes, checkpoints.
+    pub state_dir: PathBuf,
+    /// Path of the `criu` binary (default: located, see `belayer-criu`).
+    pub criu: Option<PathBuf>,
+    /// Group (gid) whose members may use the socket besides root.
+    pub socket_gid: Option<u32>,
+    /// Largest accepted protocol frame, bytes.
+    pub max_frame_bytes: u32,
+    /// Bytes of stdout and of stderr kept per action unless the request says otherwise.
+    pub output_limit_bytes: u64,
+    /// Default action timeout, seconds (0 = none).
+    pub exec_timeout_s: u64,
+    /// Longest wait for a cgroup to freeze, milliseconds.
+    pub freeze_timeout_ms: u64,
+    /// Parent of the sandbox cgroups, relative to each cgroup hierarchy.
+    pub cgroup_parent: String,
+    /// Honour test-fault hooks in checkpoint requests (tests only).
+    pub test_hooks: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            criu: None,
+            socket_gid: None,
+            max_frame_bytes: 16 << 20,
+            output_limit_bytes: 1 << 20,
+            exec_timeout_s: 0,
+            freeze_timeout_ms: 10_000,
+            cgroup_parent: "belayer".to_string(),
+            test_hooks: false,
+        }
+    }
+}
+
+/// Configuration errors.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}")]
+    Read {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML for [`Config`].
+    #[error("invalid config {path}")]
+    Parse {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// A value is out of range.
+    #[error("invalid config value {field}: {reason}")]
+    Invalid {
+        /// Field name.
+        field: &'static str,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+impl Config {
+    /// Loads `path`; a missing file at the default location yields the defaults.
+    pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => toml::from_str(&text)
+                .map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Config::default()),
+            Err(source) => Err(ConfigError::Read { path: path.to_path_buf(), source }),
+        }
+    }
+
+    /// Checks value ranges.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !self.state_dir.is_absolute() {
+            return Err(ConfigError::Invalid { field: "state_dir", reason: "must be absolute" });
+        }
+        if !self.socket.is_absolute() {
+            return Err(ConfigError::Invalid { field: "socket", reason: "must be absolute" });
+        }
+        if self.max_frame_bytes < 4096 {
+            return Err(ConfigError::Invalid { field: "max_frame_bytes", reason: "below 4096" });
+        }
+        if self.cgroup_parent.is_empty()
+            || self.cgroup_parent.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(ConfigError::Invalid { field: "cgroup_parent", reason: "not a relative path" });
+        }
+        if self.freeze_timeout_ms == 0 {
+            return Err(ConfigError::Invalid { field: "freeze_timeout_ms", reason: "must be > 0" });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_unknown_keys() {
+        let c: Config = toml::from_str("state_dir = \"/tmp/x\"\ntest_hooks = true\n").unwrap();
+        assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
+        assert!(c.test_hooks);
+        assert!(toml::from_str::<Config>("bogus = 1\n").is_err());
+    }
+
+    #[test]
+    fn validate_catches_bad_values() {
+        let mut c = Config::default();
+        assert!(c.validate().is_ok());
+        c.cgroup_parent = "../x".into();
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,359 @@
+//! The daemon core: the sandbox registry and the protocol handler.
+//!
+//! [`Agent`] owns the [`Runtime`] and the sandboxes; it implements the protocol's
+//! [`Handler`](belayer_ipc::Handler) so the socket server stays thin. At start it re-adopts the
+//! sandboxes found in its state dir: sandboxes outlive a restart of `belayerd`. A sandbox caught
+//! mid-checkpoint by a crash is thawed and its unpublished checkpoint discarded.
+
+use std::collections::HashMap;
+use std::fs;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use belayer_ipc::{
+    ErrorCode, ErrorReply, PeerCred, Request, Response, SandboxInfo, StatusInfo, PROTOCOL_VERSION,
+};
+
+use crate::cgroup::{CgroupLayout, SandboxCgroup};
+use crate::config::Config;
+use crate::images::ImageStore;
+use crate::runtime::Runtime;
+use crate::sandbox::{self, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
+use crate::store::CheckpointStore;
+use crate::sys;
+
+/// Errors starting the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// No usable CRIU.
+    #[error(transparent)]
+    Criu(#[from] belayer_criu::LocateError),
+    /// No usable cgroup hierarchy.
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::CgroupError),
+    /// The state dir cannot be used.
+    #[error("cannot use state dir {path}")]
+    StateDir {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The image store cannot be opened.
+    #[error(transparent)]
+    Images(#[from] crate::images::ImageError),
+    /// A syscall failed.
+    #[error(transparent)]
+    Sys(#[from] sys::SyscallError),
+}
+
+/// Backing tmpfs of CRIU's kernel-feature cache.
+pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
+
+/// The agent: runtime plus sandbox registry.
+#[derive(Debug)]
+pub struct Agent {
+    rt: Runtime,
+    sandboxes: Mutex<HashMap<String, Arc<SandboxSlot>>>,
+}
+
+fn error(code: ErrorCode, e: &dyn std::error::Error) -> Response {
+    let mut message = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        cur = s.source();
+    }
+    Response::Error(ErrorReply { code, message })
+}
+
+fn unknown(id: &str) -> Response {
+    Response::Error(ErrorReply { code: ErrorCode::UnknownSandbox, message: format!("unknown sandbox {id}") })
+}
+
+impl Agent {
+    /// Validates `config`, locates CRIU, probes cgroups, becomes a child subreaper and
+    /// re-adopts the sandboxes of the state dir.
+    pub fn start(config: Config) -> Result<Arc<Agent>, StartError> {
+        config.validate()?;
+        let criu = belayer_criu::Criu::locate(config.criu.as_deref())?;
+        // CRIU re-probes kernel features on every run (20-60 ms here) unless its cache sits on
+        // a tmpfs; keep one mounted for the node's lifetime (shared by every agent).
+        match criu.kdat_cache(std::path::Path::new(KDAT_DIR)) {
+            Ok(cache) => {
+                tracing::info!(mode = ?cache.mode(), "CRIU kernel-feature cache ready");
+                cache.leak();
+            }
+            Err(e) => tracing::warn!(error = %e, "no CRIU kernel-feature cache: every dump re-probes"),
+        }
+        CgroupLayout::detect()?;
+        sys::set_child_subreaper()?;
+        fs::create_dir_all(config.state_dir.join("sandboxes"))
+            .map_err(|source| StartError::StateDir { path: config.state_dir.clone(), source })?;
+        let images = ImageStore::open(&config.state_dir)?;
+        let helper_exe = crate::helper::self_exe()
+            .map_err(|source| StartError::StateDir { path: "/proc/self/exe".into(), source })?;
+        let agent = Arc::new(Agent {
+            rt: Runtime { config, images, criu, helper_exe },
+            sandboxes: Mutex::new(HashMap::new()),
+        });
+        agent.adopt();
+        let weak = Arc::downgrade(&agent);
+        std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(200));
+                let Some(agent) = weak.upgrade() else { break };
+                agent.reap();
+            })
+            .map_err(|source| StartError::StateDir { path: "reaper thread".into(), source })?;
+        Ok(agent)
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxSlot>>> {
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, id: &str) -> Option<Arc<SandboxSlot>> {
+        self.registry().get(id).cloned()
+    }
+
+    /// Reaps exited sandbox inits (they are our children, directly or as subreaper).
+    fn reap(&self) {
+        let pids: Vec<i32> = self.registry().values().filter_map(|s| s.record().init_pid).collect();
+        for pid in pids {
+            sys::try_reap(pid);
+        }
+    }
+
+    /// Loads every sandbox of the state dir after a (re)start.
+    fn adopt(&self) {
+        let dir = self.rt.config.state_dir.join("sandboxes");
+        let Ok(entries) = fs::read_dir(&dir) else { return };
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
+            let mut rec = match SandboxRecord::load(&paths) {
+                Ok(r) => r,
+                Err(err) => {
+                    tracing::warn!(sandbox = %id, error = %err, "skipping sandbox with unreadable state");
+                    continue;
+                }
+            };
+            if matches!(rec.state, SandboxState::Checkpointing | SandboxState::Restoring) {
+                // Interrupted by a crash: thaw, and discard any unpublished checkpoint.
+                if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+                    if let Err(err) = cg.thaw() {
+                        tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
+                    }
+                }
+                rec.state = if rec.state == SandboxState::Checkpointing {
+                    SandboxState::Running
+                } else {
+                    SandboxState::Failed
+                };
+            }
+            if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
+                match store.discard_unpublished() {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints"),
+                    Err(err) => tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store"),
+                }
+            }
+            if rec.state == SandboxState::Running && !rec.init_alive() {
+                rec.state = SandboxState::Failed;
+            }
+            if let Err(err) = rec.save(&paths) {
+                tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
+            }
+            tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
+            self.registry().insert(id, Arc::new(SandboxSlot::new(rec, paths)));
+        }
+    }
+
+    fn ready_prefix(slot: &SandboxSlot) -> Option<u64> {
+        let store = CheckpointStore::open(&slot.paths.checkpoints()).ok()?;
+        let name = store.ready().ok()??;
+        store.load(&name).ok().map(|m| m.prefix)
+    }
+
+    fn info(slot: &SandboxSlot) -> SandboxInfo {
+        slot.info(Self::ready_prefix(slot))
+    }
+
+    fn gc(&self, older_than_s: Option<u64>, tag: Option<&str>) -> Response {
+        if older_than_s.is_none() && tag.is_none() {
+            return Response::Error(ErrorReply {
+                code: ErrorCode::BadRequest,
+                message: "gc needs --older-than or --tag".into(),
+            });
+        }
+        let now = sys::now_unix_ms();
+        let (mut removed, mut bytes) = (0u64, 0u64);
+        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+        for slot in slots {
+            let _op = slot.lock_op();
+            let rec = slot.record().clone();
+            let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else { continue };
+            let tagged = tag.is_some() && rec.spec.tag.as_deref() == tag;
+            let ready = store.ready().ok().flatten();
+            let Ok(list) = store.list() else { continue };
+            for m in list {
+                let old = older_than_s.is_some_and(|s| now.saturating_sub(m.created_unix_ms) >= s * 1000);
+                let is_ready = ready.as_deref() == Some(m.checkpoint.as_str());
+                if tagged || (old && !is_ready) {
+                    if is_ready {
+                        let _ = store.clear_ready();
+                    }
+                    if let Ok(b) = store.remove(&m.checkpoint) {
+                        removed += 1;
+                        bytes += b;
+                    }
+                }
+            }
+        }
+        tracing::info!(removed, bytes, "checkpoint gc");
+        Response::Gc { removed, bytes }
+    }
+
+    fn status(&self) -> Response {
+        Response::Status(StatusInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol: PROTOCOL_VERSION,
+            criu: self.rt.criu.version().to_string(),
+            cgroup: CgroupLayout::detect().map(|l| l.describe()).unwrap_or_default(),
+            sandboxes: self.registry().len() as u64,
+        })
+    }
+
+    /// Serves one request.
+    pub fn dispatch(&self, request: Request) -> Response {
+        match request {
+            Request::Ping => Response::Pong { version: env!("CARGO_PKG_VERSION").to_string() },
+            Request::Status => self.status(),
+            Request::ImportImage { name, source } => {
+                match self.rt.images.import(&name, std::path::Path::new(&source)) {
+                    Ok(info) => Response::Image(info),
+                    Err(e) => error(image_code(&e), &e),
+                }
+            }
+            Request::ListImages => match self.rt.images.list() {
+                Ok(v) => Response::Images(v),
+                Err(e) => error(ErrorCode::Internal, &e),
+            },
+            Request::RemoveImage { name } => {
+                let used = self.registry().values().any(|s| s.record().spec.image == name);
+                if used {
+                    return Response::Error(ErrorReply {
+                        code: ErrorCode::InUse,
+                        message: format!("image {name} is used by a sandbox"),
+                    });
+                }
+                match self.rt.images.remove(&name) {
+                    Ok(()) => Response::Done,
+                    Err(e) => error(image_code(&e), &e),
+                }
+            }
+            Request::CreateSandbox(spec) => match sandbox::create::create(&self.rt, spec) {
+                Ok(slot) => {
+                    let slot = Arc::new(slot);
+                    let info = Self::info(&slot);
+                    self.registry().insert(info.id.clone(), slot);
+                    Response::Sandbox(info)
+                }
+                Err(e) => error(e.code(), &e),
+            },
+            Request::ListSandboxes => {
+                let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+                let mut v: Vec<SandboxInfo> = slots.iter().map(|s| Self::info(s)).collect();
+                v.sort_by_key(|i| i.created_unix_ms);
+                Response::Sandboxes(v)
+            }
+            Request::InspectSandbox { id } => match self.slot(&id) {
+                Some(slot) => Response::Sandbox(Self::info(&slot)),
+                None => unknown(&id),
+            },
+            Request::RemoveSandbox { id } => match self.slot(&id) {
+                Some(slot) => match sandbox::remove::remove(&slot) {
+                    Ok(()) => {
+                        self.registry().remove(&id);
+                        Response::Done
+                    }
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&id),
+            },
+            Request::Exec(req) => match self.slot(&req.id) {
+                Some(slot) => match sandbox::exec::exec(&self.rt, &slot, &req) {
+                    Ok(r) => Response::Exec(r),
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&req.id),
+            },
+            Request::Checkpoint(req) => match self.slot(&req.id) {
+                Some(slot) => match sandbox::checkpoint::checkpoint(&self.rt, &slot, &req) {
+                    Ok(info) => Response::Checkpoint(info),
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&req.id),
+            },
+            Request::Restore { id } => match self.slot(&id) {
+                Some(slot) => match sandbox::restore::restore(&self.rt, &slot) {
+                    Ok(info) => Response::Restored(info),
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&id),
+            },
+            Request::ListCheckpoints { id } => match self.slot(&id) {
+                Some(slot) => {
+                    let list = CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
+                    match list {
+                        Ok(ms) => Response::Checkpoints(
+                            ms.into_iter()
+                                .map(|m| belayer_ipc::CheckpointInfo {
+                                    sandbox: m.sandbox.clone(),
+                                    prefix: m.prefix,
+                                    bytes: m.bytes(),
+                                    context_digest: m.context.artifact.digest.clone(),
+                                    timings_ms: m.timings_ms.clone(),
+                                    created_unix_ms: m.created_unix_ms,
+                                    checkpoint: m.checkpoint,
+                                })
+                                .collect(),
+                        ),
+                        Err(e) => error(ErrorCode::Internal, &e),
+                    }
+                }
+                None => unknown(&id),
+            },
+            Request::Gc { older_than_s, tag } => self.gc(older_than_s, tag.as_deref()),
+        }
+    }
+}
+
+fn image_code(e: &crate::images::ImageError) -> ErrorCode {
+    use crate::images::ImageError;
+    match e {
+        ImageError::InvalidName(_) | ImageError::Source { .. } | ImageError::NoShell(_) => ErrorCode::BadRequest,
+        ImageError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+        ImageError::Unknown(_) => ErrorCode::UnknownImage,
+        _ => ErrorCode::Internal,
+    }
+}
+
+impl belayer_ipc::Handler for Agent {
+    fn handle(&self, peer: &PeerCred, request: Request) -> Response {
+        tracing::debug!(pid = peer.pid, uid = peer.uid, ?request, "request");
+        self.dispatch(request)
+    }
+}

@@ -1,0 +1,81 @@
+//! Helper processes: short-lived, single-threaded re-executions of the agent's own binary that
+//! enter or create sandbox namespaces.
+//!
+//! `belayerd` is multi-threaded, and namespace work (unshare + fork into a new pid namespace,
+//! `setns` into a sandbox) must run in a process with a single thread. Both binaries call
+//! [`dispatch`] first thing in `main`; when `argv[1]` is [`HELPER_ARG`], the process runs the
+//! requested helper and exits without returning.
+//!
+//! - `init` ([`init`]): creates a sandbox's namespaces and its long-lived init (paper:
+//!   "Environment-state recovery": each trajectory runs in its own sandbox).
+//! - `exec` ([`exec`]): runs one action inside an existing sandbox.
+
+pub mod exec;
+pub mod init;
+
+use std::path::PathBuf;
+
+/// First argument that selects helper mode.
+pub const HELPER_ARG: &str = "__belayer-helper";
+
+/// Runs a helper and exits if this process was started as one; returns otherwise.
+pub fn dispatch() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) != Some(HELPER_ARG) {
+        return;
+    }
+    let code = match args.get(2).map(String::as_str) {
+        Some("init") => init::main(&args[3..]),
+        Some("exec") => exec::main(&args[3..]),
+        other => {
+            eprintln!("belayer helper: unknown helper {other:?}");
+            125
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The executable to re-execute for helpers: the running binary.
+pub fn self_exe() -> std::io::Result<PathBuf> {
+    std::fs::read_link("/proc/self/exe")
+}
+
+/// Returns the value after `--name` in `args`, and every value for repeated flags.
+pub(crate) struct Args<'a> {
+    args: &'a [String],
+}
+
+impl<'a> Args<'a> {
+    pub(crate) fn new(args: &'a [String]) -> Self {
+        Self { args }
+    }
+
+    /// The arguments before a `--` separator.
+    fn flags(&self) -> &'a [String] {
+        let end = self.args.iter().position(|a| a == "--").unwrap_or(self.args.len());
+        &self.args[..end]
+    }
+
+    pub(crate) fn one(&self, name: &str) -> Option<&'a str> {
+        let flags = self.flags();
+        flags.iter().position(|a| a == name).and_then(|i| flags.get(i + 1)).map(String::as_str)
+    }
+
+    pub(crate) fn all(&self, name: &str) -> Vec<&'a str> {
+        let flags = self.flags();
+        flags
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| *a == name)
+            .filter_map(|(i, _)| flags.get(i + 1).map(String::as_str))
+            .collect()
+    }
+
+    /// Everything after `--`.
+    pub(crate) fn rest(&self) -> &'a [String] {
+        match self.args.iter().position(|a| a == "--") {
+            Some(i) => &self.args[i + 1..],
+            None => &[],
+        }
+    }
+}

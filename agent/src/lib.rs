@@ -1,0 +1,34 @@
+//! Belayer agent: `belayerd` and the `belayer` command.
+//!
+//! Belayer makes agentic-RL rollouts survive infrastructure failures (paper: "Belayer:
+//! Efficient Fault Tolerance for LLM Agentic RL Training"). This crate holds the per-node agent:
+//! sandboxes (namespaces, cgroup, overlayfs root over a read-only image), full checkpoints
+//! C_k = (F_k, R_k) tied to the LLM context L_k and published atomically, and full restore into
+//! a fresh sandbox ("Environment-state recovery"). See `docs/design.md`.
+//!
+//! Modules:
+//! - [`daemon`]: the registry of sandboxes and the protocol handler;
+//! - [`sandbox`]: one file per verb (create, exec, checkpoint, restore, remove);
+//! - [`store`]: the checkpoint store and manifest (atomic publication);
+//! - [`images`]: read-only images (lower layers);
+//! - [`cgroup`]: sandbox cgroups (v2, with v1 fallbacks for limits and the freezer);
+//! - [`helper`]: single-threaded helper processes that create and enter namespaces;
+//! - [`config`], [`runtime`], [`sys`].
+//!
+//! Dependencies and why: `belayer-ipc` (protocol), `belayer-overlay` (upper-layer capture and
+//! install), `belayer-criu` (CRIU dump/restore), `nix`/`rustix`/`libc` (namespaces, mounts,
+//! pidfds), `serde`/`serde_json`/`toml` (state files, manifests, config, CLI JSON), `blake3`
+//! (artifact digests), `tar`/`flate2`/`zstd` (image import), `clap` (CLI), `thiserror`
+//! (typed errors), `tracing`/`tracing-subscriber` (logs), `anyhow` (binaries only).
+#![warn(missing_docs)]
+
+pub mod cgroup;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod helper;
+pub mod images;
+pub mod runtime;
+pub mod sandbox;
+pub mod store;
+pub mod sys;

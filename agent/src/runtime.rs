@@ -1,0 +1,28 @@
+//! Shared resources of the agent that every sandbox verb uses.
+
+use std::path::PathBuf;
+
+use belayer_criu::Criu;
+
+use crate::config::Config;
+use crate::images::ImageStore;
+
+/// Configuration plus the located tools; created once at daemon start.
+#[derive(Debug)]
+pub struct Runtime {
+    /// Daemon configuration.
+    pub config: Config,
+    /// Image store.
+    pub images: ImageStore,
+    /// The CRIU in use.
+    pub criu: Criu,
+    /// Binary re-executed for helper processes (see [`crate::helper`]).
+    pub helper_exe: PathBuf,
+}
+
+impl Runtime {
+    /// Cgroup path of sandbox `id`, relative to each hierarchy root.
+    pub fn cgroup_rel(&self, id: &str) -> String {
+        format!("{}/{}", self.config.cgroup_parent, id)
+    }
+}

@@ -1,0 +1,273 @@
+//! `checkpoint`: full_checkpoint (paper: "Environment-state recovery", Fig. 6; DESIGN.md
+//! invariants "state agreement" and "atomic publication").
+//!
+//! 1. freeze the sandbox cgroup and wait until every task is frozen;
+//! 2. capture the overlay upper layer F_k into `upper.tar`;
+//! 3. CRIU-dump the process tree R_k into `criu/`, leaving it running;
+//! 4. thaw (a guard thaws on every path, errors included);
+//! 5. store L_k, digest every artifact, write `manifest.json`, fsync everything;
+//! 6. rename the staging dir into place, then move the ready pointer to it.
+//!
+//! CRIU's network lock is skipped: a sandbox's network namespace has only `lo`, and every task
+//! that could send on it is frozen for the whole dump (the iptables lock/unlock alone cost
+//! ≈45 ms per dump here).
+//!
+//! The files are written to the page cache while frozen and made durable after the thaw, so
+//! the frozen window holds only the capture and the dump. Any failure drops the staging dir and
+//! leaves the previous ready checkpoint in effect.
+
+use std::fs;
+use std::time::Instant;
+
+use belayer_criu::{DumpRequest, NetworkLock};
+use belayer_ipc::{CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault};
+
+use super::{RecordError, SandboxSlot, SandboxState};
+use crate::cgroup::{CgroupError, SandboxCgroup};
+use crate::runtime::Runtime;
+use crate::store::{self, CheckpointStore, ContextRecord, Manifest, StoreError, FORMAT_VERSION};
+use crate::sys;
+
+/// Errors of a checkpoint. In every case the previous ready checkpoint stays in effect.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Test hooks are disabled in this daemon.
+    #[error("test faults are disabled (start belayerd with test hooks)")]
+    HooksDisabled,
+    /// The sandbox is not running.
+    #[error("sandbox {id} is {state}: cannot checkpoint")]
+    NotRunning {
+        /// Sandbox id.
+        id: String,
+        /// Its state.
+        state: &'static str,
+    },
+    /// Freezing or thawing failed.
+    #[error("cannot freeze sandbox {id}")]
+    Freeze {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: CgroupError,
+    },
+    /// Capturing the upper layer failed.
+    #[error("cannot capture the upper layer of sandbox {id}")]
+    FsCapture {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::CaptureError,
+    },
+    /// The CRIU dump failed.
+    #[error("CRIU dump of sandbox {id} failed")]
+    Dump {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_criu::DumpError,
+    },
+    /// Writing an artifact failed.
+    #[error("cannot write checkpoint artifact {path}")]
+    Write {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Persisting the sandbox state failed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// An injected test fault.
+    #[error("injected test fault at {0:?}")]
+    Injected(FailPoint),
+}
+
+impl CheckpointError {
+    /// Protocol error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            CheckpointError::HooksDisabled => ErrorCode::BadRequest,
+            CheckpointError::NotRunning { .. } => ErrorCode::InvalidState,
+            _ => ErrorCode::CheckpointFailed,
+        }
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Applies a test fault if it targets `at`.
+fn fault(fault: Option<TestFault>, at: FailPoint) -> Result<(), CheckpointError> {
+    match fault {
+        Some(f) if f.at == at => {
+            if f.kill_daemon {
+                tracing::warn!(?at, "test fault: killing the daemon");
+                // SIGKILL ourselves: nothing runs after this, exactly like a crash.
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::SIGKILL);
+            }
+            Err(CheckpointError::Injected(at))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Takes checkpoint C_k of the sandbox in `slot`.
+pub fn checkpoint(
+    rt: &Runtime,
+    slot: &SandboxSlot,
+    req: &CheckpointRequest,
+) -> Result<CheckpointInfo, CheckpointError> {
+    if req.fault.is_some() && !rt.config.test_hooks {
+        return Err(CheckpointError::HooksDisabled);
+    }
+    let started = Instant::now();
+    let _op = slot.lock_op();
+    let rec = slot.refresh();
+    if !rec.state.can_checkpoint() || !rec.init_alive() {
+        let state = if rec.state == SandboxState::Running { "failed" } else { rec.state.as_str() };
+        return Err(CheckpointError::NotRunning { id: rec.id.clone(), state });
+    }
+    slot.set_state(SandboxState::Checkpointing)?;
+    let result = take(rt, slot, req, started);
+    // Back to running unless the init died meanwhile (then refresh marks it failed).
+    slot.set_state(SandboxState::Running)?;
+    slot.refresh();
+    match &result {
+        Ok(info) => tracing::info!(
+            sandbox = %info.sandbox, prefix = info.prefix, frozen_ms = info.timings_ms.frozen_total,
+            total_ms = info.timings_ms.total, bytes = info.bytes, "checkpoint ready"
+        ),
+        Err(e) => tracing::warn!(sandbox = %rec.id, prefix = req.prefix, error = %e, "checkpoint failed"),
+    }
+    result
+}
+
+fn take(
+    rt: &Runtime,
+    slot: &SandboxSlot,
+    req: &CheckpointRequest,
+    started: Instant,
+) -> Result<CheckpointInfo, CheckpointError> {
+    let rec = slot.record().clone();
+    let id = rec.id.clone();
+    let store = CheckpointStore::open(&slot.paths.checkpoints())?;
+    let mut staging = store.begin(req.prefix)?;
+    let dir = staging.dir().to_path_buf();
+    let criu_dir = dir.join("criu");
+    let write_err = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| CheckpointError::Write { path, source }
+    };
+    fs::create_dir(&criu_dir).map_err(write_err(&criu_dir))?;
+    let work = slot.paths.criu_work();
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).map_err(write_err(&work))?;
+    let cgroup =
+        SandboxCgroup::open(&rec.cgroup).map_err(|source| CheckpointError::Freeze { id: id.clone(), source })?;
+    let mut t = CheckpointTimings::default();
+
+    // Frozen window: F_k and R_k at the same action boundary.
+    let t_freeze = Instant::now();
+    let frozen = cgroup
+        .freeze(std::time::Duration::from_millis(rt.config.freeze_timeout_ms))
+        .map_err(|source| CheckpointError::Freeze { id: id.clone(), source })?;
+    t.freeze = ms(t_freeze);
+    fault(req.fault, FailPoint::AfterFreeze)?;
+
+    let t_fs = Instant::now();
+    let upper_tar = dir.join("upper.tar");
+    belayer_overlay::capture_upper(&slot.paths.upper(rec.instance), &upper_tar)
+        .map_err(|source| CheckpointError::FsCapture { id: id.clone(), source })?;
+    t.fs_capture = ms(t_fs);
+    fault(req.fault, FailPoint::AfterFsCapture)?;
+
+    let t_dump = Instant::now();
+    let dump = DumpRequest::new(rec.init_pid.unwrap_or(0), &criu_dir, &work)
+        .freeze_cgroup(cgroup.freezer_dir())
+        .tcp_established(true)
+        .file_locks(true)
+        .network_lock(Some(NetworkLock::Skip));
+    let dump = fault_during_dump(dump, req.fault);
+    rt.criu.dump(&dump).map_err(|source| CheckpointError::Dump { id: id.clone(), source })?;
+    t.criu_dump = ms(t_dump);
+    drop(frozen);
+    t.frozen_total = ms(t_freeze);
+
+    // Publish: L_k, digests, manifest, fsync, rename, pointer.
+    let t_pub = Instant::now();
+    let ctx_path = dir.join("context.bin");
+    fs::write(&ctx_path, &req.context).map_err(write_err(&ctx_path))?;
+    let art = |rel: &str| store::artifact(&dir, rel).map_err(write_err(&dir.join(rel)));
+    let context = art("context.bin")?;
+    let upper = art("upper.tar")?;
+    let mut criu = Vec::new();
+    let mut names: Vec<String> = fs::read_dir(&criu_dir)
+        .map_err(write_err(&criu_dir))?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for name in names {
+        criu.push(art(&format!("criu/{name}"))?);
+    }
+    let mut manifest = Manifest {
+        format: FORMAT_VERSION,
+        sandbox: id.clone(),
+        prefix: req.prefix,
+        checkpoint: staging.name(),
+        seq: staging.seq(),
+        image: rec.spec.image.clone(),
+        instance: rec.instance,
+        context: ContextRecord { record: format!("{id}/k{}", req.prefix), artifact: context },
+        upper,
+        criu,
+        timings_ms: t.clone(),
+        created_unix_ms: sys::now_unix_ms(),
+    };
+    manifest.timings_ms.total = ms(started);
+    let manifest_path = dir.join("manifest.json");
+    {
+        let json = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
+        fs::write(&manifest_path, json).map_err(write_err(&manifest_path))?;
+        sys::fsync_path(&manifest_path).map_err(|e| CheckpointError::Write { path: manifest_path.clone(), source: e.source })?;
+        for d in [&criu_dir, &dir] {
+            sys::fsync_path(d).map_err(|e| CheckpointError::Write { path: d.to_path_buf(), source: e.source })?;
+        }
+    }
+    fault(req.fault, FailPoint::BeforeRename)?;
+    let published = store.publish(&mut staging)?;
+    if let Err(e) = fault(req.fault, FailPoint::BeforePointerUpdate) {
+        let _ = fs::remove_dir_all(&published);
+        return Err(e);
+    }
+    if let Err(e) = store.set_ready(&manifest.checkpoint) {
+        let _ = fs::remove_dir_all(&published);
+        return Err(e.into());
+    }
+    t.publish = ms(t_pub);
+    t.total = ms(started);
+    Ok(CheckpointInfo {
+        sandbox: id,
+        prefix: req.prefix,
+        checkpoint: manifest.checkpoint.clone(),
+        bytes: manifest.bytes(),
+        context_digest: manifest.context.artifact.digest.clone(),
+        timings_ms: t,
+        created_unix_ms: manifest.created_unix_ms,
+    })
+}
+
+/// Makes the CRIU dump itself fail part-way (test hook `DuringCriuDump`).
+fn fault_during_dump(dump: DumpRequest, f: Option<TestFault>) -> DumpRequest {
+    let _ = f;
+    dump
+}

@@ -1,0 +1,226 @@
+//! `exec`: one action (a shell command) inside a sandbox.
+//!
+//! The action runs through the `exec` helper ([`crate::helper::exec`]); its stdout and stderr go
+//! to two memfds that the agent reads after the shell exits (bounded by the output limit).
+//! Processes the action leaves in the background keep running inside the sandbox.
+
+use std::fs;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use belayer_ipc::{ErrorCode, ExecRequest, ExecResult};
+
+use super::create::valid_env;
+use super::{SandboxSlot, SandboxState};
+use crate::cgroup::SandboxCgroup;
+use crate::helper::exec::parse_status;
+use crate::helper::init::SANDBOX_PATH;
+use crate::helper::HELPER_ARG;
+use crate::runtime::Runtime;
+use crate::sys::{self, SyscallError};
+
+/// Fd number the status pipe gets in the helper.
+const STATUS_FD: i32 = 3;
+
+/// Errors of an action (not the action's own failure, which is its exit code).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The request is malformed.
+    #[error("invalid exec request: {0}")]
+    Invalid(String),
+    /// The sandbox is not running (failed, or being restored).
+    #[error("sandbox {id} is {state}: restore it first")]
+    NotRunning {
+        /// Sandbox id.
+        id: String,
+        /// Its state.
+        state: &'static str,
+    },
+    /// Setting up the helper failed.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    /// Starting or waiting for the helper failed.
+    #[error("exec helper for sandbox {id} failed")]
+    Helper {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The helper could not run the action (e.g. the sandbox died meanwhile).
+    #[error("cannot run action in sandbox {id}: {message}")]
+    Enter {
+        /// Sandbox id.
+        id: String,
+        /// The helper's message.
+        message: String,
+    },
+}
+
+impl ExecError {
+    /// Protocol error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ExecError::Invalid(_) => ErrorCode::BadRequest,
+            ExecError::NotRunning { .. } => ErrorCode::InvalidState,
+            _ => ErrorCode::ExecFailed,
+        }
+    }
+}
+
+/// Quotes one word for `sh`.
+fn shell_quote(word: &str) -> String {
+    if !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// The shell command line of a request: a single element as is, several elements quoted.
+pub fn command_line(argv: &[String]) -> String {
+    if argv.len() == 1 {
+        argv[0].clone()
+    } else {
+        argv.iter().map(|w| shell_quote(w)).collect::<Vec<_>>().join(" ")
+    }
+}
+
+/// Runs `req` in the sandbox of `slot`. Holds the sandbox's verb lock for the whole action.
+pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecResult, ExecError> {
+    if req.argv.is_empty() || req.argv.iter().any(|a| a.contains('\0')) {
+        return Err(ExecError::Invalid("empty command or NUL byte in the command".into()));
+    }
+    if let Some((k, _)) = req.env.iter().find(|(k, v)| !valid_env(k, v)) {
+        return Err(ExecError::Invalid(format!("bad environment variable {k:?}")));
+    }
+    if req.cwd.as_deref().is_some_and(|c| c.contains('\0') || !c.starts_with('/')) {
+        return Err(ExecError::Invalid("cwd must be an absolute path".into()));
+    }
+    let _op = slot.lock_op();
+    let rec = slot.refresh();
+    if !rec.state.can_exec() || !rec.init_alive() {
+        let state = if rec.state == SandboxState::Running { "failed" } else { rec.state.as_str() };
+        return Err(ExecError::NotRunning { id: rec.id.clone(), state });
+    }
+    let (pid, start) = (rec.init_pid.unwrap_or(0), rec.init_start_time.unwrap_or(0));
+    let limit = req.output_limit.unwrap_or(rt.config.output_limit_bytes);
+    let timeout_ms = req.timeout_ms.or_else(|| {
+        (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000)
+    });
+    let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|e| ExecError::Enter {
+        id: rec.id.clone(),
+        message: e.to_string(),
+    })?;
+
+    let stdout = sys::memfd("belayer-stdout")?;
+    let stderr = sys::memfd("belayer-stderr")?;
+    let (status_rd, status_wr): (OwnedFd, OwnedFd) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| SyscallError::io("pipe2", "exec status", e.into()))?;
+
+    let mut cmd = Command::new(&rt.helper_exe);
+    cmd.arg(HELPER_ARG)
+        .arg("exec")
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg("--start-time")
+        .arg(start.to_string())
+        .arg("--cwd")
+        .arg(req.cwd.as_deref().unwrap_or("/"))
+        .arg("--status-fd")
+        .arg(STATUS_FD.to_string());
+    if let Some(t) = timeout_ms {
+        cmd.arg("--timeout-ms").arg(t.to_string());
+    }
+    for f in cgroup.procs_files() {
+        cmd.arg("--procs").arg(f);
+    }
+    cmd.arg("--env").arg(format!("PATH={SANDBOX_PATH}"));
+    cmd.arg("--env").arg("HOME=/root");
+    for (k, v) in rec.spec.env.iter().chain(req.env.iter()) {
+        cmd.arg("--env").arg(format!("{k}={v}"));
+    }
+    cmd.arg("--").arg(command_line(&req.argv));
+    let helper_err = |source| ExecError::Helper { id: rec.id.clone(), source };
+    cmd.stdin(Stdio::null())
+        .stdout(stdout.try_clone().map_err(helper_err)?)
+        .stderr(stderr.try_clone().map_err(helper_err)?);
+    let wr = status_wr.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
+    // async-signal-safe; `wr` stays open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(wr, STATUS_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(helper_err)?;
+    drop(status_wr);
+    let mut line = String::new();
+    let read = fs::File::from(status_rd).read_to_string(&mut line);
+    let waited = child.wait();
+    let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    read.map_err(helper_err)?;
+    waited.map_err(helper_err)?;
+    let status = parse_status(&line).map_err(|message| ExecError::Enter { id: rec.id.clone(), message })?;
+
+    let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;
+    let (err, t2) = read_bounded(&stderr, limit).map_err(helper_err)?;
+    tracing::debug!(sandbox = %rec.id, exit = status.exit_code, duration_ms, "action finished");
+    Ok(ExecResult {
+        exit_code: status.exit_code,
+        signal: status.signal,
+        stdout: out,
+        stderr: err,
+        truncated: t1 || t2,
+        timed_out: status.timed_out,
+        duration_ms,
+    })
+}
+
+/// Reads at most `limit` bytes from the start of `file`; the flag says whether it held more.
+fn read_bounded(file: &fs::File, limit: u64) -> std::io::Result<(Vec<u8>, bool)> {
+    let size = file.metadata()?.len();
+    let n = size.min(limit) as usize;
+    let mut buf = vec![0u8; n];
+    let mut off = 0;
+    while off < n {
+        let r = file.read_at(&mut buf[off..], off as u64)?;
+        if r == 0 {
+            break;
+        }
+        off += r;
+    }
+    buf.truncate(off);
+    Ok((buf, size > limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines() {
+        assert_eq!(command_line(&["echo hi > /tmp/x".into()]), "echo hi > /tmp/x");
+        assert_eq!(command_line(&["ls".into(), "-la".into(), "/a b".into()]), "ls -la '/a b'");
+        assert_eq!(command_line(&["echo".into(), "it's".into()]), "echo 'it'\\''s'");
+    }
+
+    #[test]
+    fn bounded_reads() {
+        let f = sys::memfd("t").unwrap();
+        use std::io::Write;
+        (&f).write_all(b"hello world").unwrap();
+        assert_eq!(read_bounded(&f, 5).unwrap(), (b"hello".to_vec(), true));
+        assert_eq!(read_bounded(&f, 100).unwrap(), (b"hello world".to_vec(), false));
+    }
+}

@@ -1,0 +1,220 @@
+//! Sandboxes: one per trajectory, each with its own namespaces, cgroup and overlayfs root over
+//! a read-only image (paper: "Environment-state recovery").
+//!
+//! On disk, `state_dir/sandboxes/<id>/`:
+//! - `state.json`: the [`SandboxRecord`], rewritten (temp + rename) after every verb;
+//! - `inst-<n>/{upper,work,merged}`: the overlay of instance n (a restore makes instance n+1);
+//! - `checkpoints/`: the [`crate::store::CheckpointStore`].
+//!
+//! One verb per file: [`create`], [`exec`], [`checkpoint`], [`restore`], [`remove`]. Verbs of
+//! one sandbox are serialised by [`SandboxSlot::op`] (actions and checkpoints are mutually
+//! exclusive: the "state agreement" invariant); inspection only takes the record lock.
+
+pub mod checkpoint;
+pub mod create;
+pub mod exec;
+pub mod remove;
+pub mod restore;
+pub mod state;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use belayer_ipc::{SandboxInfo, SandboxSpec};
+use serde::{Deserialize, Serialize};
+pub use state::SandboxState;
+
+use crate::cgroup::{Limits, SandboxCgroup};
+use crate::sys;
+
+/// What the daemon remembers about a sandbox (`state.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    /// Sandbox id, `sb-<12 hex>`.
+    pub id: String,
+    /// Creation parameters (image, limits, env, tag).
+    pub spec: SandboxSpec,
+    /// Lifecycle state.
+    pub state: SandboxState,
+    /// Current instance number.
+    pub instance: u32,
+    /// Host pid of the init of the current instance.
+    pub init_pid: Option<i32>,
+    /// Start time (clock ticks since boot) of that init, to detect pid reuse.
+    pub init_start_time: Option<u64>,
+    /// Cgroup path relative to each hierarchy root.
+    pub cgroup: String,
+    /// Creation time, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// Errors shared by the sandbox verbs.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Writing or reading `state.json` failed.
+    #[error("cannot {op} sandbox state {path}")]
+    Io {
+        /// `read` or `write`.
+        op: &'static str,
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `state.json` is not valid.
+    #[error("invalid sandbox state {path}")]
+    Parse {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Paths of one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxPaths {
+    /// `state_dir/sandboxes/<id>`.
+    pub dir: PathBuf,
+}
+
+impl SandboxPaths {
+    /// Paths of sandbox `id` under `state_dir`.
+    pub fn new(state_dir: &Path, id: &str) -> Self {
+        Self { dir: state_dir.join("sandboxes").join(id) }
+    }
+    /// `state.json`.
+    pub fn state_file(&self) -> PathBuf {
+        self.dir.join("state.json")
+    }
+    /// Directory of instance `n`.
+    pub fn instance(&self, n: u32) -> PathBuf {
+        self.dir.join(format!("inst-{n}"))
+    }
+    /// Overlay upper dir of instance `n`.
+    pub fn upper(&self, n: u32) -> PathBuf {
+        self.instance(n).join("upper")
+    }
+    /// Overlay work dir of instance `n`.
+    pub fn work(&self, n: u32) -> PathBuf {
+        self.instance(n).join("work")
+    }
+    /// Overlay mount point (the sandbox root) of instance `n`.
+    pub fn merged(&self, n: u32) -> PathBuf {
+        self.instance(n).join("merged")
+    }
+    /// Checkpoint store.
+    pub fn checkpoints(&self) -> PathBuf {
+        self.dir.join("checkpoints")
+    }
+    /// Scratch dir for CRIU logs (kept out of the checkpoint so its digests stay valid).
+    pub fn criu_work(&self) -> PathBuf {
+        self.dir.join("criu-work")
+    }
+}
+
+impl SandboxRecord {
+    /// Writes `state.json` atomically.
+    pub fn save(&self, paths: &SandboxPaths) -> Result<(), RecordError> {
+        let path = paths.state_file();
+        let tmp = paths.dir.join(".state.json.tmp");
+        let json = serde_json::to_vec_pretty(self).unwrap_or_default();
+        let err = |source| RecordError::Io { op: "write", path: path.clone(), source };
+        fs::write(&tmp, json).map_err(err)?;
+        fs::rename(&tmp, &path).map_err(err)
+    }
+
+    /// Reads `state.json`.
+    pub fn load(paths: &SandboxPaths) -> Result<SandboxRecord, RecordError> {
+        let path = paths.state_file();
+        let bytes =
+            fs::read(&path).map_err(|source| RecordError::Io { op: "read", path: path.clone(), source })?;
+        serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse { path, source })
+    }
+
+    /// Cgroup limits from the spec.
+    pub fn limits(&self) -> Limits {
+        Limits { memory_max: self.spec.memory_max, pids_max: self.spec.pids_max }
+    }
+
+    /// Whether the init of the current instance is alive (same pid, same start time).
+    pub fn init_alive(&self) -> bool {
+        match (self.init_pid, self.init_start_time) {
+            (Some(pid), Some(start)) => sys::process_matches(pid, start),
+            _ => false,
+        }
+    }
+}
+
+/// A sandbox held by the daemon: the verb lock and the record.
+#[derive(Debug)]
+pub struct SandboxSlot {
+    /// Held for the whole of a verb (exec, checkpoint, restore, remove).
+    pub op: Mutex<()>,
+    rec: Mutex<SandboxRecord>,
+    /// Paths.
+    pub paths: SandboxPaths,
+}
+
+impl SandboxSlot {
+    /// Wraps a record.
+    pub fn new(rec: SandboxRecord, paths: SandboxPaths) -> Self {
+        Self { op: Mutex::new(()), rec: Mutex::new(rec), paths }
+    }
+
+    /// Locks the record.
+    pub fn record(&self) -> MutexGuard<'_, SandboxRecord> {
+        self.rec.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Locks the verb lock.
+    pub fn lock_op(&self) -> MutexGuard<'_, ()> {
+        self.op.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Re-checks the init; a dead init turns a running sandbox into `Failed` (and is reaped).
+    /// Returns a copy of the refreshed record.
+    pub fn refresh(&self) -> SandboxRecord {
+        let mut rec = self.record();
+        if rec.state == SandboxState::Running && !rec.init_alive() {
+            if let Some(pid) = rec.init_pid {
+                sys::try_reap(pid);
+            }
+            tracing::warn!(sandbox = %rec.id, "sandbox init is gone: marking failed");
+            rec.state = SandboxState::Failed;
+            if let Err(e) = rec.save(&self.paths) {
+                tracing::error!(sandbox = %rec.id, error = %e, "cannot persist sandbox state");
+            }
+        }
+        rec.clone()
+    }
+
+    /// Sets the state and persists it.
+    pub fn set_state(&self, state: SandboxState) -> Result<(), RecordError> {
+        let mut rec = self.record();
+        rec.state = state;
+        rec.save(&self.paths)
+    }
+
+    /// Client view.
+    pub fn info(&self, ready_prefix: Option<u64>) -> SandboxInfo {
+        let rec = self.refresh();
+        let pids = SandboxCgroup::open(&rec.cgroup).and_then(|cg| cg.pids()).unwrap_or_default();
+        SandboxInfo {
+            id: rec.id.clone(),
+            image: rec.spec.image.clone(),
+            state: rec.state.as_str().to_string(),
+            init_pid: rec.init_pid.filter(|_| rec.init_alive()),
+            pids,
+            cgroup: format!("/{}", rec.cgroup),
+            ready_prefix,
+            instance: rec.instance,
+            tag: rec.spec.tag.clone(),
+            created_unix_ms: rec.created_unix_ms,
+        }
+    }
+}
+

@@ -1,0 +1,229 @@
+//! `restore`: full_restore (paper: "Environment-state recovery"; DESIGN.md invariant "recovery
+//! alignment").
+//!
+//! 1. verify the ready checkpoint (manifest, sizes, blake3 digests) before touching anything;
+//! 2. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete);
+//! 3. build a fresh instance: install F_k into a new upper dir, mount the overlay, create the
+//!    cgroup;
+//! 4. CRIU-restore R_k into it (`--root` the new merged dir);
+//! 5. hand back L_k.
+//!
+//! Without a ready checkpoint the sandbox restarts from its base image (k = 0) in a fresh
+//! instance and the answer says so (`prefix: None`).
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use belayer_criu::{NetworkLock, RestoreRequest};
+use belayer_ipc::{ErrorCode, RestoreInfo, RestoreTimings};
+
+use super::create::{CreateError, Instance};
+use super::{RecordError, SandboxPaths, SandboxSlot, SandboxState};
+use crate::cgroup::{CgroupError, SandboxCgroup};
+use crate::runtime::Runtime;
+use crate::store::{CheckpointStore, StoreError};
+use crate::sys;
+
+/// Errors of a restore.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The ready checkpoint failed verification; nothing was touched.
+    #[error("ready checkpoint of sandbox {id} is corrupt")]
+    Corrupt {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: StoreError,
+    },
+    /// Tearing down the failed instance failed.
+    #[error("cannot tear down the failed instance of sandbox {id}")]
+    Teardown {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: CgroupError,
+    },
+    /// Installing F_k failed.
+    #[error("cannot install the upper layer of sandbox {id}")]
+    FsInstall {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::InstallError,
+    },
+    /// Building the fresh instance failed.
+    #[error(transparent)]
+    Instance(#[from] CreateError),
+    /// The CRIU restore failed.
+    #[error("CRIU restore of sandbox {id} failed")]
+    Criu {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_criu::RestoreError,
+    },
+    /// Store access failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Persisting state failed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// Filesystem work on the instance dirs failed.
+    #[error("cannot prepare {path}")]
+    Dirs {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RestoreError {
+    /// Protocol error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RestoreError::Corrupt { .. } => ErrorCode::CorruptCheckpoint,
+            _ => ErrorCode::RestoreFailed,
+        }
+    }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Restores the sandbox in `slot` from its ready checkpoint, or from its base image when it has
+/// none.
+pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreError> {
+    let started = Instant::now();
+    let _op = slot.lock_op();
+    let rec = slot.refresh();
+    let id = rec.id.clone();
+    let mut t = RestoreTimings::default();
+
+    // 1. Verify first: a corrupt checkpoint must not cost the running instance.
+    let t_verify = Instant::now();
+    let store = CheckpointStore::open(&slot.paths.checkpoints())?;
+    let ready = store.ready().map_err(|source| RestoreError::Corrupt { id: id.clone(), source })?;
+    let manifest = match &ready {
+        Some(name) => {
+            Some(store.verify(name).map_err(|source| RestoreError::Corrupt { id: id.clone(), source })?)
+        }
+        None => None,
+    };
+    let context = match &manifest {
+        Some(m) => store.read_context(m)?,
+        None => Vec::new(),
+    };
+    t.verify = ms(t_verify);
+    let lower = rt.images.rootfs(&rec.spec.image).map_err(CreateError::from)?;
+
+    // 2. Tear down the failed instance.
+    slot.set_state(SandboxState::Restoring)?;
+    let t_down = Instant::now();
+    teardown(slot).map_err(|source| RestoreError::Teardown { id: id.clone(), source })?;
+    t.teardown = ms(t_down);
+
+    // 3. A fresh instance.
+    let n = rec.instance + 1;
+    let t_fs = Instant::now();
+    let inst_dir = slot.paths.instance(n);
+    if inst_dir.exists() {
+        fs::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs { path: inst_dir.clone(), source })?;
+    }
+    let upper = slot.paths.upper(n);
+    fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs { path: upper.clone(), source })?;
+    if let Some(m) = &manifest {
+        let archive = store.path(&m.checkpoint).join(&m.upper.path);
+        belayer_overlay::install_upper(&archive, &upper, &Default::default())
+            .map_err(|source| RestoreError::FsInstall { id: id.clone(), source })?;
+    }
+    t.fs_install = ms(t_fs);
+    let mut snapshot = slot.record().clone();
+    snapshot.instance = n;
+    let instance = Instance::prepare(rt, &snapshot, &slot.paths, n, &lower)?;
+
+    // 4. Processes.
+    let t_criu = Instant::now();
+    let (pid, start) = match &manifest {
+        Some(m) => {
+            let work = slot.paths.criu_work();
+            let _ = fs::remove_dir_all(&work);
+            fs::create_dir_all(&work).map_err(|source| RestoreError::Dirs { path: work.clone(), source })?;
+            let images = store.path(&m.checkpoint).join("criu");
+            let mut instance = instance;
+            let cgroup_dirs = instance.cgroup().procs_files().into_iter().filter_map(|f| f.parent().map(|p| p.to_path_buf()));
+            let req = RestoreRequest::new(&images, &work)
+                .root(slot.paths.merged(n))
+                .tcp_established(true)
+                .file_locks(true)
+                .network_lock(Some(NetworkLock::Skip))
+                .join_cgroups(cgroup_dirs);
+            let outcome =
+                rt.criu.restore(&req).map_err(|source| RestoreError::Criu { id: id.clone(), source })?;
+            instance.keep();
+            let start = sys::process_start_time(outcome.pid).unwrap_or(0);
+            (outcome.pid, start)
+        }
+        None => instance.spawn_init(rt, &snapshot, &slot.paths)?,
+    };
+    t.criu_restore = ms(t_criu);
+
+    {
+        let mut r = slot.record();
+        r.instance = n;
+        r.init_pid = Some(pid);
+        r.init_start_time = Some(start);
+        r.state = SandboxState::Running;
+        r.save(&slot.paths)?;
+    }
+    // The old instance is garbage now.
+    let (paths, old) = (slot.paths.clone(), rec.instance);
+    std::thread::spawn(move || retire_instance(&paths, old));
+    t.total = ms(started);
+    let prefix = manifest.as_ref().map(|m| m.prefix);
+    tracing::info!(sandbox = %id, ?prefix, pid, total_ms = t.total, "sandbox restored");
+    Ok(RestoreInfo { sandbox: id, prefix, context, init_pid: pid, timings_ms: t })
+}
+
+/// Kills every process of the current instance, reaps the init, unmounts its root and removes
+/// its cgroup. Safe to call on an instance that is already gone.
+pub(crate) fn teardown(slot: &SandboxSlot) -> Result<(), CgroupError> {
+    let rec = slot.record().clone();
+    let t = Instant::now();
+    match SandboxCgroup::open(&rec.cgroup) {
+        Ok(cg) => {
+            cg.kill_all(Duration::from_secs(10))?;
+            cg.remove()?;
+            tracing::debug!(sandbox = %rec.id, ms = ms(t), "teardown: killed, cgroup removed");
+        }
+        Err(e) => tracing::debug!(sandbox = %rec.id, error = %e, "no cgroup to tear down"),
+    }
+    // The cgroup is empty, so the init is dead: reap it if it is our child (after a daemon
+    // restart its new parent does).
+    if let Some(pid) = rec.init_pid {
+        sys::try_reap(pid);
+    }
+    Ok(())
+}
+
+/// Unmounts the root of instance `n` and deletes its directories. A lazy unmount waits for an
+/// RCU grace period (about 100 ms here), so restore hands this to a background thread: the old
+/// instance is garbage once its processes are dead.
+pub(crate) fn retire_instance(paths: &SandboxPaths, n: u32) {
+    let merged = paths.merged(n);
+    if let Err(e) = belayer_overlay::unmount(&merged) {
+        tracing::warn!(path = %merged.display(), error = %e, "cannot unmount old root");
+    }
+    let dir = paths.instance(n);
+    if let Err(e) = fs::remove_dir_all(&dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %dir.display(), error = %e, "cannot remove old instance");
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The checkpoint manifest: what a checkpoint C_k contains and how to verify it.
+//!
+//! Stored as `manifest.json` in the checkpoint directory. Format version [`FORMAT_VERSION`];
+//! a reader refuses other versions.
+
+use std::path::{Component, Path};
+
+use belayer_ipc::CheckpointTimings;
+use serde::{Deserialize, Serialize};
+
+/// Manifest format version.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One file of a checkpoint: its path relative to the checkpoint directory, size and blake3.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Artifact {
+    /// Relative path, e.g. `upper.tar` or `criu/pages-1.img`.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// blake3 of the content, lowercase hex.
+    pub digest: String,
+}
+
+impl Artifact {
+    /// Whether `path` is a plain relative path that stays inside the checkpoint directory.
+    pub fn path_is_safe(&self) -> bool {
+        let p = Path::new(&self.path);
+        !self.path.is_empty()
+            && p.components().all(|c| matches!(c, Component::Normal(_)))
+            && !self.path.contains('\0')
+    }
+}
+
+/// The LLM context record L_k stored with a checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextRecord {
+    /// Record id: `<sandbox>/k<prefix>` (the context log of the rollout driver uses the same id).
+    pub record: String,
+    /// The artifact holding the bytes.
+    pub artifact: Artifact,
+}
+
+/// Manifest of a checkpoint C_k = (F_k, R_k) with L_k.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// [`FORMAT_VERSION`].
+    pub format: u32,
+    /// Sandbox id.
+    pub sandbox: String,
+    /// Action boundary k.
+    pub prefix: u64,
+    /// Checkpoint name (directory name).
+    pub checkpoint: String,
+    /// Sequence number within the sandbox (publication order).
+    pub seq: u64,
+    /// Image (lower layer) the upper layer belongs to.
+    pub image: String,
+    /// Sandbox instance that was dumped.
+    pub instance: u32,
+    /// L_k.
+    pub context: ContextRecord,
+    /// F_k: the upper-layer archive.
+    pub upper: Artifact,
+    /// R_k: the CRIU image files.
+    pub criu: Vec<Artifact>,
+    /// Phase timings of the checkpoint, ms (publish and total are those known when written).
+    pub timings_ms: CheckpointTimings,
+    /// Publication time, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+impl Manifest {
+    /// Every artifact, context first.
+    pub fn artifacts(&self) -> impl Iterator<Item = &Artifact> {
+        std::iter::once(&self.context.artifact).chain(std::iter::once(&self.upper)).chain(self.criu.iter())
+    }
+
+    /// Total bytes of all artifacts.
+    pub fn bytes(&self) -> u64 {
+        self.artifacts().map(|a| a.bytes).sum()
+    }
+}

@@ -1,0 +1,413 @@
+//! The checkpoint store of one sandbox: `state_dir/sandboxes/<id>/checkpoints/`.
+//!
+//! Atomic publication (paper: "atomic publication" invariant): a checkpoint is written under
+//! `.tmp-<random>`, every file and the directory are fsync'd, the directory is renamed to its
+//! final name `c<seq>-k<prefix>`, the parent directory is fsync'd, and only then the ready
+//! pointer `READY` (a small file holding the checkpoint name) is replaced by write + fsync +
+//! rename + fsync. A crash at any point leaves the previous `READY` in effect; leftovers
+//! (`.tmp-*`, or a renamed directory whose sequence number is above the ready one) are never
+//! listed and are removed by [`CheckpointStore::discard_unpublished`].
+
+pub mod manifest;
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+pub use manifest::{Artifact, ContextRecord, Manifest, FORMAT_VERSION};
+
+use crate::sys;
+
+/// Name of the ready pointer file.
+pub const READY: &str = "READY";
+const MANIFEST: &str = "manifest.json";
+
+/// Store errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A filesystem operation failed.
+    #[error("checkpoint store operation {op} on {path} failed")]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A manifest could not be parsed or has another format version.
+    #[error("checkpoint {checkpoint}: bad manifest: {reason}")]
+    BadManifest {
+        /// Checkpoint name.
+        checkpoint: String,
+        /// Why.
+        reason: String,
+    },
+    /// An artifact is missing or its size or digest differ from the manifest.
+    #[error("checkpoint {checkpoint}: artifact {path} is corrupt: {reason}")]
+    Corrupt {
+        /// Checkpoint name.
+        checkpoint: String,
+        /// Artifact path.
+        path: String,
+        /// What differs.
+        reason: String,
+    },
+    /// The ready pointer names a checkpoint that does not exist.
+    #[error("ready pointer names missing checkpoint {0}")]
+    DanglingReady(String),
+}
+
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { op, path, source }
+}
+
+/// A checkpoint being written; removed on drop unless published.
+#[derive(Debug)]
+pub struct Staging {
+    dir: PathBuf,
+    seq: u64,
+    prefix: u64,
+    published: bool,
+}
+
+impl Staging {
+    /// The staging directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Name the checkpoint will have once published.
+    pub fn name(&self) -> String {
+        checkpoint_name(self.seq, self.prefix)
+    }
+
+    /// Its sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.published {
+            if let Err(e) = fs::remove_dir_all(&self.dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %self.dir.display(), error = %e, "cannot remove checkpoint staging dir");
+                }
+            }
+        }
+    }
+}
+
+fn checkpoint_name(seq: u64, prefix: u64) -> String {
+    format!("c{seq:06}-k{prefix}")
+}
+
+fn parse_seq(name: &str) -> Option<u64> {
+    name.strip_prefix('c')?.split('-').next()?.parse().ok()
+}
+
+/// The checkpoints of one sandbox.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    dir: PathBuf,
+}
+
+impl CheckpointStore {
+    /// Opens (creating) the store at `dir`.
+    pub fn open(dir: &Path) -> Result<CheckpointStore, StoreError> {
+        fs::create_dir_all(dir).map_err(io("mkdir", dir))?;
+        Ok(CheckpointStore { dir: dir.to_path_buf() })
+    }
+
+    /// The store directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Directory of checkpoint `name`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Name of the ready checkpoint, if any.
+    pub fn ready(&self) -> Result<Option<String>, StoreError> {
+        let p = self.dir.join(READY);
+        match fs::read_to_string(&p) {
+            Ok(s) => {
+                let name = s.trim().to_string();
+                if self.dir.join(&name).join(MANIFEST).is_file() {
+                    Ok(Some(name))
+                } else {
+                    Err(StoreError::DanglingReady(name))
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("read", &p)(e)),
+        }
+    }
+
+    fn published_names(&self) -> Result<Vec<(u64, String)>, StoreError> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(&self.dir).map_err(io("readdir", &self.dir))?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(seq) = parse_seq(&name) {
+                out.push((seq, name));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Starts a new checkpoint of prefix `prefix` in a fresh staging directory.
+    pub fn begin(&self, prefix: u64) -> Result<Staging, StoreError> {
+        let seq = self.published_names()?.last().map_or(1, |(s, _)| s + 1);
+        let dir = self.dir.join(format!(".tmp-{}", sys::random_hex(6)));
+        fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
+        Ok(Staging { dir, seq, prefix, published: false })
+    }
+
+    /// Renames a complete, fsync'd staging directory to its final name and fsyncs the store.
+    /// The ready pointer does not move yet.
+    pub fn publish(&self, staging: &mut Staging) -> Result<PathBuf, StoreError> {
+        let dest = self.dir.join(staging.name());
+        fs::rename(&staging.dir, &dest).map_err(io("rename", &dest))?;
+        staging.published = true;
+        sys::fsync_path(&self.dir).map_err(|e| io("fsync", &self.dir)(e.source))?;
+        Ok(dest)
+    }
+
+    /// Atomically points `READY` at `name` (write temp, fsync, rename, fsync dir).
+    pub fn set_ready(&self, name: &str) -> Result<(), StoreError> {
+        let tmp = self.dir.join(".READY.tmp");
+        {
+            let mut f = fs::File::create(&tmp).map_err(io("create", &tmp))?;
+            f.write_all(name.as_bytes()).map_err(io("write", &tmp))?;
+            f.sync_all().map_err(io("fsync", &tmp))?;
+        }
+        let ready = self.dir.join(READY);
+        fs::rename(&tmp, &ready).map_err(io("rename", &ready))?;
+        sys::fsync_path(&self.dir).map_err(|e| io("fsync", &self.dir)(e.source))
+    }
+
+    /// Removes the ready pointer (the sandbox then restarts from its base image).
+    pub fn clear_ready(&self) -> Result<(), StoreError> {
+        let ready = self.dir.join(READY);
+        match fs::remove_file(&ready) {
+            Ok(()) => sys::fsync_path(&self.dir).map_err(|e| io("fsync", &self.dir)(e.source)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("unlink", &ready)(e)),
+        }
+    }
+
+    /// Removes staging leftovers and checkpoints published after the ready one (a crash between
+    /// rename and pointer update). Returns how many were removed.
+    pub fn discard_unpublished(&self) -> Result<usize, StoreError> {
+        let ready_seq = match self.ready() {
+            Ok(r) => r.as_deref().and_then(parse_seq).unwrap_or(0),
+            Err(StoreError::DanglingReady(_)) => 0,
+            Err(e) => return Err(e),
+        };
+        let mut removed = 0;
+        for e in fs::read_dir(&self.dir).map_err(io("readdir", &self.dir))?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stale = name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > ready_seq);
+            if stale {
+                fs::remove_dir_all(e.path()).map_err(io("rmdir", &e.path()))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Manifests of the visible checkpoints (sequence ≤ the ready one), oldest first.
+    pub fn list(&self) -> Result<Vec<Manifest>, StoreError> {
+        let Some(ready) = self.ready()? else { return Ok(Vec::new()) };
+        let ready_seq = parse_seq(&ready).unwrap_or(0);
+        let mut out = Vec::new();
+        for (seq, name) in self.published_names()? {
+            if seq <= ready_seq {
+                if let Ok(m) = self.load(&name) {
+                    out.push(m);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the manifest of `name`.
+    pub fn load(&self, name: &str) -> Result<Manifest, StoreError> {
+        let p = self.dir.join(name).join(MANIFEST);
+        let bytes = fs::read(&p).map_err(io("read", &p))?;
+        let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| StoreError::BadManifest {
+            checkpoint: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        if m.format != FORMAT_VERSION {
+            return Err(StoreError::BadManifest {
+                checkpoint: name.to_string(),
+                reason: format!("format version {} (supported: {FORMAT_VERSION})", m.format),
+            });
+        }
+        if m.checkpoint != name {
+            return Err(StoreError::BadManifest {
+                checkpoint: name.to_string(),
+                reason: format!("names checkpoint {}", m.checkpoint),
+            });
+        }
+        Ok(m)
+    }
+
+    /// Loads `name` and verifies every artifact's size and blake3 digest.
+    pub fn verify(&self, name: &str) -> Result<Manifest, StoreError> {
+        let m = self.load(name)?;
+        let dir = self.dir.join(name);
+        for a in m.artifacts() {
+            let corrupt = |reason: String| StoreError::Corrupt {
+                checkpoint: name.to_string(),
+                path: a.path.clone(),
+                reason,
+            };
+            if !a.path_is_safe() {
+                return Err(corrupt("path escapes the checkpoint".into()));
+            }
+            let p = dir.join(&a.path);
+            let meta = fs::symlink_metadata(&p).map_err(|e| corrupt(format!("missing ({e})")))?;
+            if !meta.is_file() {
+                return Err(corrupt("not a regular file".into()));
+            }
+            if meta.len() != a.bytes {
+                return Err(corrupt(format!("{} bytes, manifest says {}", meta.len(), a.bytes)));
+            }
+            let digest = digest_file(&p).map_err(|e| corrupt(format!("unreadable ({e})")))?;
+            if digest != a.digest {
+                return Err(corrupt("digest mismatch".into()));
+            }
+        }
+        Ok(m)
+    }
+
+    /// Reads the context bytes L_k of a verified checkpoint.
+    pub fn read_context(&self, m: &Manifest) -> Result<Vec<u8>, StoreError> {
+        let p = self.dir.join(&m.checkpoint).join(&m.context.artifact.path);
+        fs::read(&p).map_err(io("read", &p))
+    }
+
+    /// Deletes checkpoint `name`.
+    pub fn remove(&self, name: &str) -> Result<u64, StoreError> {
+        let p = self.dir.join(name);
+        let bytes = self.load(name).map(|m| m.bytes()).unwrap_or(0);
+        fs::remove_dir_all(&p).map_err(io("rmdir", &p))?;
+        Ok(bytes)
+    }
+}
+
+/// blake3 of a file, lowercase hex; also used while writing manifests.
+pub fn digest_file(path: &Path) -> std::io::Result<String> {
+    let mut hasher = blake3::Hasher::new();
+    let mut f = fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// Describes a file as an artifact (size + digest) and fsyncs it.
+pub fn artifact(root: &Path, rel: &str) -> std::io::Result<Artifact> {
+    let p = root.join(rel);
+    let f = fs::File::open(&p)?;
+    f.sync_all()?;
+    let bytes = f.metadata()?.len();
+    Ok(Artifact { path: rel.to_string(), bytes, digest: digest_file(&p)? })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(store: &CheckpointStore, staging: &Staging, prefix: u64) -> Manifest {
+        fs::write(staging.dir().join("context.bin"), b"ctx").unwrap();
+        fs::write(staging.dir().join("upper.tar"), b"tar").unwrap();
+        let m = Manifest {
+            format: FORMAT_VERSION,
+            sandbox: "sb".into(),
+            prefix,
+            checkpoint: staging.name(),
+            seq: staging.seq(),
+            image: "img".into(),
+            instance: 0,
+            context: ContextRecord {
+                record: format!("sb/k{prefix}"),
+                artifact: artifact(staging.dir(), "context.bin").unwrap(),
+            },
+            upper: artifact(staging.dir(), "upper.tar").unwrap(),
+            criu: vec![],
+            timings_ms: Default::default(),
+            created_unix_ms: 0,
+        };
+        fs::write(staging.dir().join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        let _ = store;
+        m
+    }
+
+    #[test]
+    fn publish_then_point_then_verify() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path()).unwrap();
+        assert_eq!(store.ready().unwrap(), None);
+        let mut s = store.begin(3).unwrap();
+        manifest(&store, &s, 3);
+        store.publish(&mut s).unwrap();
+        // Published but not pointed: invisible, and discarded as unpublished.
+        assert!(store.list().unwrap().is_empty());
+        let mut s2 = store.begin(3).unwrap();
+        assert_eq!(s2.seq(), 2);
+        manifest(&store, &s2, 3);
+        store.publish(&mut s2).unwrap();
+        store.set_ready(&s2.name()).unwrap();
+        assert_eq!(store.list().unwrap().len(), 2);
+        let m = store.verify(&s2.name()).unwrap();
+        assert_eq!(store.read_context(&m).unwrap(), b"ctx");
+        // Flip one byte → corrupt.
+        let p = store.path(&s2.name()).join("upper.tar");
+        fs::write(&p, b"taR").unwrap();
+        assert!(matches!(store.verify(&s2.name()), Err(StoreError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn unpublished_leftovers_are_discarded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path()).unwrap();
+        let mut a = store.begin(1).unwrap();
+        manifest(&store, &a, 1);
+        store.publish(&mut a).unwrap();
+        store.set_ready(&a.name()).unwrap();
+        let mut b = store.begin(2).unwrap();
+        manifest(&store, &b, 2);
+        store.publish(&mut b).unwrap();
+        let staging = store.begin(3).unwrap();
+        std::mem::forget(staging); // as if the daemon died
+        assert_eq!(store.discard_unpublished().unwrap(), 2);
+        assert_eq!(store.ready().unwrap(), Some(a.name()));
+        assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn staging_is_removed_on_drop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path()).unwrap();
+        let dir = {
+            let s = store.begin(1).unwrap();
+            s.dir().to_path_buf()
+        };
+        assert!(!dir.exists());
+    }
+}

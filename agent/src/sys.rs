@@ -1,0 +1,255 @@
+//! Small safe wrappers over the syscalls the agent needs beyond what nix offers directly.
+//!
+//! Every failure is a [`SyscallError`] naming the call, so a log line says which syscall failed.
+
+use std::fs;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+
+/// A failed syscall: its name, the object it was applied to, and the errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{call}({what}) failed")]
+pub struct SyscallError {
+    /// The syscall, e.g. `setns`.
+    pub call: &'static str,
+    /// What it was applied to (a path, a pid, an fd).
+    pub what: String,
+    /// The errno.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl SyscallError {
+    /// Builds an error from an errno.
+    pub fn new(call: &'static str, what: impl Into<String>, errno: Errno) -> Self {
+        Self { call, what: what.into(), source: std::io::Error::from(errno) }
+    }
+
+    /// Builds an error from an `io::Error`.
+    pub fn io(call: &'static str, what: impl Into<String>, source: std::io::Error) -> Self {
+        Self { call, what: what.into(), source }
+    }
+}
+
+/// Result of this module.
+pub type SysResult<T> = Result<T, SyscallError>;
+
+/// Closes every fd from `first` to `last` inclusive (`close_range(first, last, 0)`).
+pub fn close_range(first: u32, last: u32) -> SysResult<()> {
+    // SAFETY: close_range only closes descriptors; callers use it right before exec in a
+    // single-threaded helper, where no Rust object still owns a descriptor in the range that is
+    // used afterwards.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
+    if rc < 0 {
+        return Err(SyscallError::new("close_range", format!("{first}..={last}"), Errno::last()));
+    }
+    Ok(())
+}
+
+/// Creates a memfd (`MFD_CLOEXEC`) named `name`.
+pub fn memfd(name: &str) -> SysResult<fs::File> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| SyscallError::io("memfd_create", name, e.into()))?;
+    Ok(fs::File::from(fd))
+}
+
+/// Opens a pidfd for `pid` (Linux ≥ 5.3).
+pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    if fd < 0 {
+        return Err(SyscallError::new("pidfd_open", pid.to_string(), Errno::last()));
+    }
+    // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Waits until the process behind `pidfd` exits or `timeout_ms` passes (`None` = forever).
+/// Returns `true` when it exited.
+pub fn pidfd_wait(pidfd: BorrowedFd<'_>, timeout_ms: Option<u64>) -> SysResult<bool> {
+    let mut pfd = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let deadline = timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms));
+    loop {
+        let wait = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Ok(false);
+                }
+                left.as_millis().min(i32::MAX as u128).max(1) as i32
+            }
+        };
+        // SAFETY: `pfd` is a valid pollfd on our stack and we pass a count of 1.
+        let rc = unsafe { libc::poll(&mut pfd, 1, wait) };
+        if rc < 0 {
+            let e = Errno::last();
+            if e == Errno::EINTR {
+                continue;
+            }
+            return Err(SyscallError::new("poll", "pidfd", e));
+        }
+        if rc > 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// Sends `signal` to the process behind `pidfd` (immune to pid reuse).
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> SysResult<()> {
+    // SAFETY: a valid pidfd, a signal number, a null siginfo and zero flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc < 0 {
+        return Err(SyscallError::new("pidfd_send_signal", signal.to_string(), Errno::last()));
+    }
+    Ok(())
+}
+
+/// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`); `None` when the
+/// process does not exist. Together with the pid it identifies a process across pid reuse.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: parse after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Process state letter (field 3 of `/proc/<pid>/stat`), e.g. `R`, `S`, `Z`.
+pub fn process_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].chars().next()
+}
+
+/// Whether `pid` is alive (not a zombie) and still the process that started at `start_time`.
+pub fn process_matches(pid: i32, start_time: u64) -> bool {
+    process_start_time(pid) == Some(start_time) && process_state(pid) != Some('Z')
+}
+
+/// Marks the calling process a child subreaper (`PR_SET_CHILD_SUBREAPER`): orphans of
+/// processes it started (sandbox inits, restored trees) are re-parented to it.
+pub fn set_child_subreaper() -> SysResult<()> {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag and no pointers.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc < 0 {
+        return Err(SyscallError::new("prctl", "PR_SET_CHILD_SUBREAPER", Errno::last()));
+    }
+    Ok(())
+}
+
+/// Reaps `pid` if it is an exited child of ours (non-blocking). Returns `true` when reaped.
+pub fn try_reap(pid: i32) -> bool {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    matches!(
+        waitpid(nix::unistd::Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)),
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+    )
+}
+
+/// fsyncs a file or directory by path.
+pub fn fsync_path(path: &Path) -> SysResult<()> {
+    let f = fs::File::open(path).map_err(|e| SyscallError::io("open", path.display().to_string(), e))?;
+    f.sync_all().map_err(|e| SyscallError::io("fsync", path.display().to_string(), e))
+}
+
+/// Random hex string of `bytes` random bytes (from `getrandom`).
+pub fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    let mut filled = 0;
+    while filled < bytes {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => {
+                // Fall back to time and pid: ids only need to be unique on this node.
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos();
+                let seed = t ^ ((std::process::id() as u128) << 64);
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = (seed >> ((i % 16) * 8)) as u8;
+                }
+                break;
+            }
+        }
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Brings the loopback interface of the caller's network namespace up (`SIOCSIFFLAGS` on `lo`).
+pub fn loopback_up() -> SysResult<()> {
+    use std::os::fd::AsFd;
+    let sock = rustix::net::socket(
+        rustix::net::AddressFamily::INET,
+        rustix::net::SocketType::DGRAM,
+        None,
+    )
+    .map_err(|e| SyscallError::io("socket", "AF_INET", e.into()))?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    let fd = sock.as_fd().as_raw_fd();
+    // SAFETY: `req` is a valid ifreq naming "lo"; SIOCGIFFLAGS fills its flags field.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(SyscallError::new("ioctl", "SIOCGIFFLAGS lo", Errno::last()));
+    }
+    // SAFETY: SIOCGIFFLAGS initialised the `ifru_flags` member of the union.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: `req` is a valid ifreq for "lo" with the flags to set.
+    if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(SyscallError::new("ioctl", "SIOCSIFFLAGS lo", Errno::last()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_of_self_is_stable() {
+        let pid = std::process::id() as i32;
+        let a = process_start_time(pid).unwrap();
+        assert_eq!(process_start_time(pid), Some(a));
+        assert!(process_matches(pid, a));
+        assert!(!process_matches(pid, a + 1));
+    }
+
+    #[test]
+    fn pidfd_wait_sees_exit() {
+        let mut child = std::process::Command::new("sleep").arg("0.05").spawn().unwrap();
+        let fd = pidfd_open(child.id() as i32).unwrap();
+        use std::os::fd::AsFd;
+        assert!(!pidfd_wait(fd.as_fd(), Some(1)).unwrap());
+        assert!(pidfd_wait(fd.as_fd(), Some(5000)).unwrap());
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn random_hex_has_length() {
+        assert_eq!(random_hex(6).len(), 12);
+        assert_ne!(random_hex(8), random_hex(8));
+    }
+}

@@ -1,0 +1,456 @@
+//! `criu dump`: checkpointing a process tree into an images dir.
+
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+
+use crate::log::{LogLevel, LogTail};
+use crate::run::{self, push, ChildSetup};
+use crate::{Criu, NetworkLock};
+
+/// Name of CRIU's log file inside the work dir.
+pub const DUMP_LOG: &str = "dump.log";
+
+/// Default [`DumpRequest::ghost_limit_bytes`]: 256 MiB.
+pub const DEFAULT_GHOST_LIMIT_BYTES: u64 = 256 << 20;
+
+/// What to dump and how. Built with [`DumpRequest::new`] and the option setters, then handed to
+/// [`Criu::dump`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DumpRequest {
+    pid: i32,
+    images_dir: PathBuf,
+    work_dir: PathBuf,
+    leave_running: bool,
+    freeze_cgroup: Option<PathBuf>,
+    tcp_established: bool,
+    file_locks: bool,
+    ext_mount_auto: bool,
+    ghost_limit_bytes: u64,
+    manage_cgroups: bool,
+    network_lock: Option<NetworkLock>,
+    timeout_s: Option<u32>,
+    log_level: LogLevel,
+}
+
+/// What a successful dump produced and cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DumpStats {
+    /// Wall time of the `criu dump` process, from spawn to exit, in milliseconds.
+    pub duration_ms: f64,
+    /// Total size of the files in the images dir, in bytes.
+    pub image_bytes: u64,
+    /// Number of files in the images dir.
+    pub image_files: u64,
+    /// How long CRIU kept the tree frozen (its "Frozen time"), in milliseconds, when it said.
+    pub frozen_ms: Option<f64>,
+    /// Memory pages CRIU wrote (its "Memory pages written"), when it said.
+    pub pages_written: Option<u64>,
+}
+
+/// Why a dump failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// The images dir could not be read (missing, not a directory, no permission).
+    #[error("cannot read images dir {}", path.display())]
+    ReadImagesDir {
+        /// The images dir.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The images dir already holds files; a dump must not mix with older images.
+    #[error("images dir {} is not empty ({entries} entries)", path.display())]
+    ImagesDirNotEmpty {
+        /// The images dir.
+        path: PathBuf,
+        /// How many entries it holds.
+        entries: usize,
+    },
+    /// The work dir could not be created.
+    #[error("cannot create work dir {}", path.display())]
+    CreateWorkDir {
+        /// The work dir.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// `criu` could not be started.
+    #[error("cannot run {}", criu.display())]
+    Spawn {
+        /// The binary.
+        criu: PathBuf,
+        /// Why it did not start.
+        #[source]
+        source: io::Error,
+    },
+    /// `criu dump` exited non-zero. With `leave_running`, CRIU has let the tree go again (thawing
+    /// or re-freezing its cgroup as it found it).
+    #[error("criu dump of pid {pid} failed ({status}): {log}")]
+    Dump {
+        /// The root task dumped.
+        pid: i32,
+        /// CRIU's exit status.
+        status: ExitStatus,
+        /// The end of CRIU's log, and its path.
+        log: LogTail,
+    },
+    /// The dump succeeded but its images could not be measured.
+    #[error("cannot measure images in {}", path.display())]
+    MeasureImages {
+        /// The images dir.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl DumpRequest {
+    /// Dump the tree rooted at host pid `pid` into `images_dir` (must exist and be empty), with
+    /// CRIU's log and stats in `work_dir` (created if missing; never the images dir).
+    ///
+    /// Defaults, chosen for Belayer sandboxes: `leave_running` on (a checkpoint never kills a
+    /// sandbox), `ext_mount_auto` on, `ghost_limit_bytes` [`DEFAULT_GHOST_LIMIT_BYTES`], no
+    /// freezer cgroup, `tcp_established`/`file_locks`/`manage_cgroups` off, CRIU's default network
+    /// lock, no timeout beyond CRIU's own, [`LogLevel::Debug`].
+    pub fn new(pid: i32, images_dir: impl Into<PathBuf>, work_dir: impl Into<PathBuf>) -> Self {
+        DumpRequest {
+            pid,
+            images_dir: images_dir.into(),
+            work_dir: work_dir.into(),
+            leave_running: true,
+            freeze_cgroup: None,
+            tcp_established: false,
+            file_locks: false,
+            ext_mount_auto: true,
+            ghost_limit_bytes: DEFAULT_GHOST_LIMIT_BYTES,
+            manage_cgroups: false,
+            network_lock: None,
+            timeout_s: None,
+            log_level: LogLevel::default(),
+        }
+    }
+
+    /// `--leave-running`: the tree keeps running after the dump (otherwise CRIU kills it).
+    pub fn leave_running(mut self, on: bool) -> Self {
+        self.leave_running = on;
+        self
+    }
+
+    /// `--freeze-cgroup DIR`: CRIU finds the tasks through this cgroup's freezer instead of
+    /// stopping them one by one with ptrace, which is both faster and race-free against forks. A
+    /// v2 cgroup dir (with `cgroup.freeze`) or a v1 freezer dir (with `freezer.state`). If the
+    /// caller froze it already, CRIU seizes the frozen tasks and leaves the cgroup frozen again
+    /// when done (with `leave_running`); the caller thaws it.
+    pub fn freeze_cgroup(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.freeze_cgroup = Some(dir.into());
+        self
+    }
+
+    /// `--tcp-established`: dump established TCP connections (restore must say so too).
+    pub fn tcp_established(mut self, on: bool) -> Self {
+        self.tcp_established = on;
+        self
+    }
+
+    /// `--file-locks`: dump file locks (restore must say so too).
+    pub fn file_locks(mut self, on: bool) -> Self {
+        self.file_locks = on;
+        self
+    }
+
+    /// `--ext-mount-map auto`: mounts of the sandbox's mount namespace whose source lies outside it
+    /// (bind mounts from the host) are recorded as external instead of failing the dump.
+    pub fn ext_mount_auto(mut self, on: bool) -> Self {
+        self.ext_mount_auto = on;
+        self
+    }
+
+    /// `--ghost-limit N`: deleted-but-open files up to `bytes` each are copied into the images
+    /// (CRIU's own default is 1 MiB, too small for temp files agents unlink while holding open).
+    pub fn ghost_limit_bytes(mut self, bytes: u64) -> Self {
+        self.ghost_limit_bytes = bytes;
+        self
+    }
+
+    /// `--manage-cgroups=soft` when on; `--manage-cgroups=ignore` when off (the default: the
+    /// caller owns cgroups, and a restore joins fresh ones, see
+    /// [`RestoreRequest::join_cgroups`](crate::RestoreRequest::join_cgroups)). Skipping the cgroup
+    /// dump also saves time. Restore must use the same setting.
+    pub fn manage_cgroups(mut self, on: bool) -> Self {
+        self.manage_cgroups = on;
+        self
+    }
+
+    /// `--network-lock`: how CRIU blocks the tree's network while dumping. `None` (default) keeps
+    /// CRIU's default (iptables). [`NetworkLock::Skip`] for sandboxes without network.
+    pub fn network_lock(mut self, lock: Option<NetworkLock>) -> Self {
+        self.network_lock = lock;
+        self
+    }
+
+    /// `--timeout S`: CRIU gives up (and lets the tree go) after `seconds` of freezing/dumping.
+    /// `None` keeps CRIU's default (10 s for freezing).
+    pub fn timeout_s(mut self, seconds: Option<u32>) -> Self {
+        self.timeout_s = seconds;
+        self
+    }
+
+    /// `-vN`: CRIU's log verbosity.
+    pub fn log_level(mut self, level: LogLevel) -> Self {
+        self.log_level = level;
+        self
+    }
+
+    /// The root task's host pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Where the images go.
+    pub fn images_dir(&self) -> &Path {
+        &self.images_dir
+    }
+
+    /// Where CRIU's log and stats go.
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    /// The log file this dump writes.
+    pub fn log_path(&self) -> PathBuf {
+        self.work_dir.join(DUMP_LOG)
+    }
+
+    /// The `criu` arguments for this request.
+    fn args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["dump".into()];
+        push(&mut a, "--tree", self.pid.to_string());
+        push(&mut a, "--images-dir", &self.images_dir);
+        push(&mut a, "--work-dir", &self.work_dir);
+        push(&mut a, "--log-file", DUMP_LOG);
+        a.push(self.log_level.arg().into());
+        // Stats on stdout ("Frozen time", "Memory pages written"), parsed into DumpStats.
+        a.push("--display-stats".into());
+        if self.leave_running {
+            a.push("--leave-running".into());
+        }
+        if let Some(cg) = &self.freeze_cgroup {
+            push(&mut a, "--freeze-cgroup", cg);
+        }
+        if self.ext_mount_auto {
+            push(&mut a, "--ext-mount-map", "auto");
+        }
+        if self.tcp_established {
+            a.push("--tcp-established".into());
+        }
+        if self.file_locks {
+            a.push("--file-locks".into());
+        }
+        push(&mut a, "--ghost-limit", self.ghost_limit_bytes.to_string());
+        a.push(manage_cgroups_arg(self.manage_cgroups).into());
+        if let Some(lock) = self.network_lock {
+            push(&mut a, "--network-lock", lock.arg());
+        }
+        if let Some(t) = self.timeout_s {
+            push(&mut a, "--timeout", t.to_string());
+        }
+        a
+    }
+}
+
+/// `--manage-cgroups=soft|ignore` (CRIU's default without the flag is `soft`, so off is explicit).
+pub(crate) fn manage_cgroups_arg(on: bool) -> &'static str {
+    if on {
+        "--manage-cgroups=soft"
+    } else {
+        "--manage-cgroups=ignore"
+    }
+}
+
+impl Criu {
+    /// Dumps the process tree described by `req` with `criu dump` and measures the images.
+    ///
+    /// Blocks until CRIU exits (tens of ms for a small tree, mostly proportional to memory). The
+    /// tree must be dumpable by CRIU: a session leader inside its pid namespace, entered with
+    /// `pivot_root`, with no fds that point outside its mount namespace (see the crate docs).
+    ///
+    /// Errors: [`DumpError::ReadImagesDir`] / [`DumpError::ImagesDirNotEmpty`] before running
+    /// CRIU, [`DumpError::CreateWorkDir`], [`DumpError::Spawn`], [`DumpError::Dump`] with the tail
+    /// of CRIU's log, [`DumpError::MeasureImages`].
+    pub fn dump(&self, req: &DumpRequest) -> Result<DumpStats, DumpError> {
+        let entries = std::fs::read_dir(&req.images_dir)
+            .map_err(|source| DumpError::ReadImagesDir {
+                path: req.images_dir.clone(),
+                source,
+            })?
+            .count();
+        if entries > 0 {
+            return Err(DumpError::ImagesDirNotEmpty {
+                path: req.images_dir.clone(),
+                entries,
+            });
+        }
+        std::fs::create_dir_all(&req.work_dir).map_err(|source| DumpError::CreateWorkDir {
+            path: req.work_dir.clone(),
+            source,
+        })?;
+        let done = run::run(self.path(), &req.args(), ChildSetup::Plain).map_err(|source| {
+            DumpError::Spawn {
+                criu: self.path().to_path_buf(),
+                source,
+            }
+        })?;
+        if !done.status.success() {
+            let log = LogTail::collect(&req.log_path(), &done.stderr);
+            tracing::debug!(pid = req.pid, status = %done.status, %log, "criu dump failed");
+            return Err(DumpError::Dump {
+                pid: req.pid,
+                status: done.status,
+                log,
+            });
+        }
+        let (image_bytes, image_files) =
+            measure_dir(&req.images_dir).map_err(|source| DumpError::MeasureImages {
+                path: req.images_dir.clone(),
+                source,
+            })?;
+        let stats = DumpStats {
+            duration_ms: done.elapsed_ms(),
+            image_bytes,
+            image_files,
+            frozen_ms: stat_value(&done.stdout, "Frozen time:").map(|us| us as f64 / 1e3),
+            pages_written: stat_value(&done.stdout, "Memory pages written:"),
+        };
+        tracing::debug!(
+            pid = req.pid,
+            duration_ms = stats.duration_ms,
+            frozen_ms = ?stats.frozen_ms,
+            image_bytes,
+            image_files,
+            "criu dump done"
+        );
+        Ok(stats)
+    }
+}
+
+/// Total bytes and number of the files directly in `dir` (CRIU's images dir is flat).
+fn measure_dir(dir: &Path) -> io::Result<(u64, u64)> {
+    let mut bytes = 0;
+    let mut files = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let meta = entry?.metadata()?;
+        if meta.is_file() {
+            bytes += meta.len();
+            files += 1;
+        }
+    }
+    Ok((bytes, files))
+}
+
+/// The first number after `label` in CRIU's `--display-stats` output, e.g. `"Frozen time: 8146 us"`.
+pub(crate) fn stat_value(stdout: &str, label: &str) -> Option<u64> {
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(label))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATS: &str = "Displaying dump stats:\nFreezing time: 259 us\nFrozen time: 8146 us\n\
+        Memory dump time: 1379 us\nMemory pages written: 60 (0x3c)\n";
+
+    fn strings(args: &[OsString]) -> Vec<String> {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn default_args_follow_the_sandbox_lessons() {
+        let args = strings(&DumpRequest::new(42, "/ck/img", "/ck/work").args());
+        let joined = args.join(" ");
+        assert!(joined.starts_with(
+            "dump --tree 42 --images-dir /ck/img --work-dir /ck/work --log-file dump.log -v4"
+        ));
+        for expected in [
+            "--leave-running",
+            "--ext-mount-map auto",
+            "--ghost-limit 268435456",
+            "--manage-cgroups=ignore",
+            "--display-stats",
+        ] {
+            assert!(joined.contains(expected), "{expected} missing in {joined}");
+        }
+        for absent in [
+            "--freeze-cgroup",
+            "--tcp-established",
+            "--file-locks",
+            "--timeout",
+        ] {
+            assert!(!joined.contains(absent), "{absent} present in {joined}");
+        }
+    }
+
+    #[test]
+    fn options_map_to_flags() {
+        let req = DumpRequest::new(7, "/i", "/w")
+            .leave_running(false)
+            .freeze_cgroup("/sys/fs/cgroup/unified/sb")
+            .tcp_established(true)
+            .file_locks(true)
+            .ext_mount_auto(false)
+            .ghost_limit_bytes(1024)
+            .manage_cgroups(true)
+            .network_lock(Some(NetworkLock::Skip))
+            .timeout_s(Some(5))
+            .log_level(LogLevel::Warnings);
+        let joined = strings(&req.args()).join(" ");
+        for expected in [
+            "--freeze-cgroup /sys/fs/cgroup/unified/sb",
+            "--tcp-established",
+            "--file-locks",
+            "--ghost-limit 1024",
+            "--manage-cgroups=soft",
+            "--network-lock skip",
+            "--timeout 5",
+            " -v2 ",
+        ] {
+            assert!(joined.contains(expected), "{expected} missing in {joined}");
+        }
+        assert!(!joined.contains("--leave-running"));
+        assert!(!joined.contains("--ext-mount-map"));
+        assert_eq!(req.log_path(), PathBuf::from("/w/dump.log"));
+    }
+
+    #[test]
+    fn parses_display_stats() {
+        assert_eq!(stat_value(STATS, "Frozen time:"), Some(8146));
+        assert_eq!(stat_value(STATS, "Memory pages written:"), Some(60));
+        assert_eq!(stat_value(STATS, "Lazy memory pages:"), None);
+    }
+
+    #[test]
+    fn refuses_a_non_empty_images_dir_before_running_criu() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("inventory.img"), b"x").unwrap();
+        let criu = Criu::unchecked("/nonexistent/criu");
+        let err = criu
+            .dump(&DumpRequest::new(1, dir.path(), dir.path().join("work")))
+            .unwrap_err();
+        assert!(
+            matches!(err, DumpError::ImagesDirNotEmpty { entries: 1, .. }),
+            "{err:?}"
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! Running the `criu` binary once: arguments in, exit status, output and wall time out.
+
+use std::ffi::{CString, OsString};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::sys;
+
+/// What the child does between `fork` and `exec`, besides marking inherited fds close-on-exec.
+#[derive(Debug, Default)]
+pub(crate) enum ChildSetup {
+    /// Nothing more.
+    #[default]
+    Plain,
+    /// Join these cgroups (open `cgroup.procs` files) first, so that what CRIU forks (the restored
+    /// tree) is born in them.
+    JoinCgroups(Vec<OwnedFd>),
+    /// Run in a private mount namespace with `source` bind-mounted over `target`.
+    PrivateBind {
+        /// Mounted over `target`.
+        source: CString,
+        /// The covered directory.
+        target: CString,
+    },
+}
+
+/// One finished `criu` run.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Finished {
+    /// Milliseconds of wall time, fractional.
+    pub(crate) fn elapsed_ms(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1e3
+    }
+}
+
+/// Runs `criu args...` to completion with stdin on /dev/null and stdout/stderr captured.
+///
+/// Errors: only when the process cannot be started (or waited for); a non-zero exit is a
+/// [`Finished`] with that status.
+pub(crate) fn run(criu: &Path, args: &[OsString], setup: ChildSetup) -> io::Result<Finished> {
+    let mut cmd = Command::new(criu);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the hook runs in the forked child before exec. It only calls async-signal-safe
+    // syscalls (write, unshare, mount, close_range) on fds and C strings created before the fork,
+    // and does not allocate: the closure owns `setup`, and errors are built from raw errnos.
+    unsafe {
+        cmd.pre_exec(move || {
+            match &setup {
+                ChildSetup::Plain => {}
+                ChildSetup::JoinCgroups(procs) => {
+                    for fd in procs {
+                        sys::child_join_cgroup(fd.as_fd())?;
+                    }
+                }
+                ChildSetup::PrivateBind { source, target } => {
+                    sys::child_private_bind(source, target)?;
+                }
+            }
+            sys::child_mark_fds_cloexec()
+        });
+    }
+    tracing::debug!(criu = %criu.display(), ?args, "running criu");
+    let started = Instant::now();
+    let output = cmd.output()?;
+    let elapsed = started.elapsed();
+    Ok(Finished {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        elapsed,
+    })
+}
+
+/// Appends `name` and `value` as two arguments (`--images-dir /ck/img`).
+pub(crate) fn push(args: &mut Vec<OsString>, name: &str, value: impl Into<OsString>) {
+    args.push(name.into());
+    args.push(value.into());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_and_captures_output() {
+        let done = run(
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo out; echo err >&2; exit 3".into()],
+            ChildSetup::Plain,
+        )
+        .unwrap();
+        assert_eq!(done.status.code(), Some(3));
+        assert_eq!(done.stdout, "out\n");
+        assert_eq!(done.stderr, "err\n");
+        assert!(done.elapsed_ms() > 0.0);
+    }
+
+    #[test]
+    fn inherited_fds_do_not_reach_the_child() {
+        // An fd without close-on-exec in the parent must still be gone in the child.
+        let (keep, _other) = nix::unistd::pipe().unwrap();
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&keep);
+        nix::fcntl::fcntl(
+            &keep,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .unwrap();
+        let done = run(
+            Path::new("/bin/sh"),
+            &["-c".into(), format!("test -e /proc/self/fd/{raw}").into()],
+            ChildSetup::Plain,
+        )
+        .unwrap();
+        assert_eq!(
+            done.status.code(),
+            Some(1),
+            "fd {raw} leaked into the child"
+        );
+    }
+
+    #[test]
+    fn missing_binary_is_an_error() {
+        let err = run(Path::new("/nonexistent/criu"), &[], ChildSetup::Plain).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,145 @@
+//! The few syscalls this crate makes, behind safe functions.
+//!
+//! Two kinds live here: ordinary wrappers used by the calling process (statfs, mounts), each error
+//! naming its syscall, and `child_*` helpers meant to run between `fork` and `exec` (inside a
+//! `pre_exec` hook). The latter only make async-signal-safe syscalls on data prepared before the
+//! fork, never allocate, and report plain [`io::Error`]s built from the raw errno.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use nix::sys::statfs::{statfs, TMPFS_MAGIC};
+
+/// A syscall that failed, with the errno it returned.
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed")]
+pub struct SyscallError {
+    /// The syscall's name, e.g. `"mount"`.
+    pub call: &'static str,
+    /// The errno it returned.
+    #[source]
+    pub source: io::Error,
+}
+
+impl SyscallError {
+    fn new(call: &'static str, errno: Errno) -> Self {
+        Self {
+            call,
+            source: io::Error::from(errno),
+        }
+    }
+
+    /// The raw errno, for callers that react to one (`ENOENT`, `EINVAL`).
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+}
+
+/// Whether `path` lives on a tmpfs (`statfs(2)` `f_type == TMPFS_MAGIC`).
+pub(crate) fn is_tmpfs(path: &Path) -> Result<bool, SyscallError> {
+    let fs = statfs(path).map_err(|e| SyscallError::new("statfs", e))?;
+    Ok(fs.filesystem_type() == TMPFS_MAGIC)
+}
+
+/// Mounts a fresh tmpfs of at most `size_bytes` bytes, mode 0700, `nosuid,nodev,noexec`, at `target`.
+pub(crate) fn mount_tmpfs(target: &Path, size_bytes: u64) -> Result<(), SyscallError> {
+    let data = format!("size={size_bytes},mode=0700");
+    nix::mount::mount(
+        Some("belayer-criu-kdat"),
+        target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(data.as_str()),
+    )
+    .map_err(|e| SyscallError::new("mount", e))
+}
+
+/// Bind-mounts `source` (a file or a directory) onto `target`, which must exist and be of the same kind.
+pub(crate) fn bind_mount(source: &Path, target: &Path) -> Result<(), SyscallError> {
+    nix::mount::mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| SyscallError::new("mount", e))
+}
+
+/// Lazily unmounts whatever is mounted on `target` (`umount2(MNT_DETACH)`); `EINVAL` means that
+/// nothing was mounted there.
+pub(crate) fn unmount_detach(target: &Path) -> Result<(), SyscallError> {
+    nix::mount::umount2(target, MntFlags::MNT_DETACH).map_err(|e| SyscallError::new("umount2", e))
+}
+
+/// In a forked child: marks every fd from 3 up close-on-exec (`close_range(3, ~0,
+/// CLOSE_RANGE_CLOEXEC)`), so that nothing the caller holds (sockets, sandbox pipes) leaks into
+/// CRIU. Kernels without `close_range` (before 5.11) answer `ENOSYS`/`EINVAL`: then std's own
+/// close-on-exec flags are all there is, which is not an error.
+pub(crate) fn child_mark_fds_cloexec() -> io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on open descriptors of this
+    // (forked, single-threaded) process; it closes nothing and touches no memory.
+    let ret = unsafe { libc::close_range(3, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) };
+    if ret == 0 {
+        return Ok(());
+    }
+    match Errno::last() {
+        Errno::ENOSYS | Errno::EINVAL => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e as i32)),
+    }
+}
+
+/// In a forked child: moves this process into the cgroup whose `cgroup.procs` is open as `procs`
+/// (writing `"0"` names the writer).
+pub(crate) fn child_join_cgroup(procs: BorrowedFd<'_>) -> io::Result<()> {
+    nix::unistd::write(procs, b"0").map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    Ok(())
+}
+
+/// In a forked child: enters a new mount namespace, makes every mount in it private (so nothing
+/// propagates back to the caller's namespace) and bind-mounts `source` over `target` there.
+pub(crate) fn child_private_bind(source: &CStr, target: &CStr) -> io::Result<()> {
+    let err = |e: Errno| io::Error::from_raw_os_error(e as i32);
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(err)?;
+    nix::mount::mount(
+        None::<&CStr>,
+        c"/",
+        None::<&CStr>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&CStr>,
+    )
+    .map_err(err)?;
+    nix::mount::mount(
+        Some(source),
+        target,
+        None::<&CStr>,
+        MsFlags::MS_BIND,
+        None::<&CStr>,
+    )
+    .map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_is_not_tmpfs_and_dev_shm_is() {
+        assert!(!is_tmpfs(Path::new("/proc")).unwrap());
+        if Path::new("/dev/shm").is_dir() {
+            assert!(is_tmpfs(Path::new("/dev/shm")).unwrap());
+        }
+    }
+
+    #[test]
+    fn statfs_error_names_the_syscall() {
+        let err = is_tmpfs(Path::new("/nonexistent/belayer")).unwrap_err();
+        assert_eq!(err.call, "statfs");
+        assert_eq!(err.errno(), Some(libc::ENOENT));
+    }
+}

@@ -1,0 +1,2 @@
+//! Placeholder; see crate docs once implemented.
+#![warn(missing_docs)]

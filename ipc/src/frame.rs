@@ -1,0 +1,992 @@
+//! Framing: a 16-byte header followed by a bincode payload.
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  magic  b"BLYR"
+//!      4     2  protocol version, u16 little-endian (PROTOCOL_VERSION)
+//!      6     1  kind: 1 = request, 2 = response, 3 = event
+//!      7     1  flags, reserved, must be 0
+//!      8     4  payload length in bytes, u32 little-endian
+//!     12     4  CRC32 (IEEE, as computed by crc32fast) of the payload, u32 little-endian
+//!     16     n  payload: bincode 2 (`config::standard()`, serde mode) of an `Envelope<T>`
+//! ```
+//!
+//! Readers validate the header field by field (magic, version, kind, flags, length against the
+//! maximum frame size) before they allocate anything for the payload, then grow the payload
+//! buffer only as bytes actually arrive, check the CRC, and decode with a bincode byte limit
+//! derived from the maximum frame size.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+
+use bincode::config::Config;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::message::{Envelope, Event, Request, Response};
+
+/// The four bytes every frame starts with.
+pub const MAGIC: [u8; 4] = *b"BLYR";
+
+/// The protocol version this crate speaks; frames carrying any other version are refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Size of the frame header in bytes.
+pub const HEADER_LEN: usize = 16;
+
+/// Default maximum payload length in bytes (16 MiB); the 16-byte header is not counted.
+pub const DEFAULT_MAX_FRAME: u32 = 16 * 1024 * 1024;
+
+/// What a frame carries, byte 6 of the header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// A client request (`Envelope<Request>`).
+    Request = 1,
+    /// A daemon response (`Envelope<Response>`).
+    Response = 2,
+    /// An asynchronous event (`Envelope<Event>`, id 0).
+    Event = 3,
+}
+
+impl Kind {
+    /// The kind with wire value `byte`, or `None` for an unknown value.
+    pub fn from_byte(byte: u8) -> Option<Kind> {
+        match byte {
+            1 => Some(Kind::Request),
+            2 => Some(Kind::Response),
+            3 => Some(Kind::Event),
+            _ => None,
+        }
+    }
+
+    /// The wire value of this kind.
+    pub fn byte(self) -> u8 {
+        self as u8
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Request => "request",
+            Kind::Response => "response",
+            Kind::Event => "event",
+        })
+    }
+}
+
+/// A message type that travels in frames of one fixed [`Kind`].
+pub trait Message: Serialize + DeserializeOwned {
+    /// The frame kind that carries this message type.
+    const KIND: Kind;
+}
+
+impl Message for Request {
+    const KIND: Kind = Kind::Request;
+}
+
+impl Message for Response {
+    const KIND: Kind = Kind::Response;
+}
+
+impl Message for Event {
+    const KIND: Kind = Kind::Event;
+}
+
+/// Why a frame could not be encoded, read, written or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The first four bytes are not [`MAGIC`].
+    #[error("bad magic {got:02x?}, expected \"BLYR\"")]
+    BadMagic {
+        /// The four bytes received.
+        got: [u8; 4],
+    },
+    /// The header carries a protocol version other than [`PROTOCOL_VERSION`].
+    #[error("unsupported protocol version {got} (supported: {supported})")]
+    UnsupportedVersion {
+        /// Version in the header.
+        got: u16,
+        /// Version this side speaks.
+        supported: u16,
+    },
+    /// The kind byte is not 1, 2 or 3.
+    #[error("unknown message kind {got}")]
+    UnknownKind {
+        /// Kind byte in the header.
+        got: u8,
+    },
+    /// A valid kind, but not the one the reader expected (e.g. a response sent to the server).
+    #[error("unexpected {got} frame, expected a {expected} frame")]
+    UnexpectedKind {
+        /// Kind the reader wanted.
+        expected: Kind,
+        /// Kind in the header.
+        got: Kind,
+    },
+    /// The reserved flags byte is not zero.
+    #[error("reserved flags {got:#04x} are not zero")]
+    NonzeroFlags {
+        /// Flags byte in the header.
+        got: u8,
+    },
+    /// The payload length exceeds the maximum frame size.
+    #[error("payload of {len} bytes exceeds the maximum frame size of {max} bytes")]
+    TooLarge {
+        /// Payload length in bytes (claimed by the header, or produced by the encoder).
+        len: u64,
+        /// Maximum payload length in bytes.
+        max: u32,
+    },
+    /// The CRC32 of the payload differs from the one in the header.
+    #[error("payload crc32 mismatch: header says {expected:#010x}, payload has {actual:#010x}")]
+    CrcMismatch {
+        /// CRC32 from the header.
+        expected: u32,
+        /// CRC32 computed over the received payload.
+        actual: u32,
+    },
+    /// The stream ended in the middle of a frame.
+    #[error("stream ended mid-frame: got {got} of {expected} {part} bytes")]
+    Truncated {
+        /// `"header"` or `"payload"`.
+        part: &'static str,
+        /// Bytes the part should have.
+        expected: usize,
+        /// Bytes received before the end of the stream.
+        got: usize,
+    },
+    /// The stream ended cleanly before the first byte of a frame.
+    #[error("connection closed")]
+    Closed,
+    /// bincode could not encode the envelope.
+    #[error("encoding the payload failed")]
+    Encode {
+        /// The bincode error.
+        #[source]
+        source: bincode::error::EncodeError,
+    },
+    /// bincode could not decode the payload (malformed, unknown variant, over the byte limit).
+    #[error("decoding the {kind} payload failed")]
+    Decode {
+        /// Kind of the frame being decoded.
+        kind: Kind,
+        /// The bincode error.
+        #[source]
+        source: bincode::error::DecodeError,
+    },
+    /// The payload holds bytes after the encoded envelope.
+    #[error("payload has {trailing} bytes after the encoded message")]
+    TrailingBytes {
+        /// Number of unused bytes.
+        trailing: usize,
+    },
+    /// Reading from the stream failed.
+    #[error("reading a frame failed")]
+    Read {
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing to the stream failed.
+    #[error("writing a frame failed")]
+    Write {
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A parsed and validated frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What the payload carries.
+    pub kind: Kind,
+    /// Payload length in bytes.
+    pub len: u32,
+    /// CRC32 of the payload.
+    pub crc: u32,
+}
+
+impl Header {
+    /// The 16 wire bytes of this header (magic, [`PROTOCOL_VERSION`], kind, zero flags, length,
+    /// CRC).
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut bytes = [0u8; HEADER_LEN];
+        bytes[0..4].copy_from_slice(&MAGIC);
+        bytes[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        bytes[6] = self.kind.byte();
+        bytes[7] = 0;
+        bytes[8..12].copy_from_slice(&self.len.to_le_bytes());
+        bytes[12..16].copy_from_slice(&self.crc.to_le_bytes());
+        bytes
+    }
+
+    /// Parses and validates 16 header bytes: magic, version, kind, flags and length (at most
+    /// `max_frame` bytes), in that order.
+    ///
+    /// Errors: [`FrameError::BadMagic`], [`FrameError::UnsupportedVersion`],
+    /// [`FrameError::UnknownKind`], [`FrameError::NonzeroFlags`], [`FrameError::TooLarge`].
+    pub fn parse(bytes: &[u8; HEADER_LEN], max_frame: u32) -> Result<Header, FrameError> {
+        let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic { got: magic });
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != PROTOCOL_VERSION {
+            return Err(FrameError::UnsupportedVersion {
+                got: version,
+                supported: PROTOCOL_VERSION,
+            });
+        }
+        let kind = Kind::from_byte(bytes[6]).ok_or(FrameError::UnknownKind { got: bytes[6] })?;
+        if bytes[7] != 0 {
+            return Err(FrameError::NonzeroFlags { got: bytes[7] });
+        }
+        let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        if len > max_frame {
+            return Err(FrameError::TooLarge {
+                len: u64::from(len),
+                max: max_frame,
+            });
+        }
+        let crc = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+        Ok(Header { kind, len, crc })
+    }
+}
+
+/// A frame whose header and CRC were checked but whose payload is not decoded yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawFrame {
+    /// Kind from the header.
+    pub kind: Kind,
+    /// The payload bytes (CRC verified).
+    pub payload: Vec<u8>,
+}
+
+impl RawFrame {
+    /// Decodes the payload as an `Envelope<M>`, checking that the frame kind is `M::KIND`.
+    ///
+    /// `max_frame` bounds what bincode may allocate for claimed lengths inside the payload.
+    ///
+    /// Errors: [`FrameError::UnexpectedKind`], [`FrameError::Decode`],
+    /// [`FrameError::TrailingBytes`].
+    pub fn decode<M: Message>(&self, max_frame: u32) -> Result<Envelope<M>, FrameError> {
+        if self.kind != M::KIND {
+            return Err(FrameError::UnexpectedKind {
+                expected: M::KIND,
+                got: self.kind,
+            });
+        }
+        decode_payload(self.kind, &self.payload, max_frame)
+    }
+}
+
+/// Encodes `envelope` into one frame (header and payload), ready to be written.
+///
+/// Errors: [`FrameError::Encode`], or [`FrameError::TooLarge`] when the payload exceeds
+/// `max_frame` bytes.
+pub fn encode_frame<M: Message>(
+    envelope: &Envelope<M>,
+    max_frame: u32,
+) -> Result<Vec<u8>, FrameError> {
+    let payload = bincode::serde::encode_to_vec(envelope, bincode::config::standard())
+        .map_err(|source| FrameError::Encode { source })?;
+    let len = match u32::try_from(payload.len()) {
+        Ok(len) if len <= max_frame => len,
+        _ => {
+            return Err(FrameError::TooLarge {
+                len: payload.len() as u64,
+                max: max_frame,
+            })
+        }
+    };
+    let header = Header {
+        kind: M::KIND,
+        len,
+        crc: crc32fast::hash(&payload),
+    };
+    let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+    frame.extend_from_slice(&header.to_bytes());
+    frame.extend_from_slice(&payload);
+    Ok(frame)
+}
+
+/// Decodes one frame of kind `M::KIND` from the start of `bytes`; returns the envelope and the
+/// number of bytes the frame occupied.
+///
+/// Errors: as [`read_frame`]; a slice that ends mid-frame gives [`FrameError::Truncated`] (an
+/// empty slice gives [`FrameError::Closed`]).
+pub fn decode_frame<M: Message>(
+    bytes: &[u8],
+    max_frame: u32,
+) -> Result<(Envelope<M>, usize), FrameError> {
+    let mut reader = bytes;
+    let envelope = read_frame(&mut reader, max_frame)?;
+    Ok((envelope, bytes.len() - reader.len()))
+}
+
+/// Reads one frame from `reader` and checks its header and CRC, without decoding the payload.
+///
+/// The payload buffer grows only as bytes arrive, so a header claiming a large length costs no
+/// memory until the data is really sent.
+///
+/// Errors: [`FrameError::Closed`] when the stream ends before the first byte,
+/// [`FrameError::Truncated`] when it ends later, the header errors of [`Header::parse`],
+/// [`FrameError::CrcMismatch`], [`FrameError::Read`].
+pub fn read_raw_frame<R: Read>(reader: &mut R, max_frame: u32) -> Result<RawFrame, FrameError> {
+    let mut header_bytes = [0u8; HEADER_LEN];
+    let got = read_full(reader, &mut header_bytes)?;
+    if got == 0 {
+        return Err(FrameError::Closed);
+    }
+    if got < HEADER_LEN {
+        return Err(FrameError::Truncated {
+            part: "header",
+            expected: HEADER_LEN,
+            got,
+        });
+    }
+    let header = Header::parse(&header_bytes, max_frame)?;
+    let expected = header.len as usize;
+    let mut payload = Vec::new();
+    reader
+        .take(u64::from(header.len))
+        .read_to_end(&mut payload)
+        .map_err(|source| FrameError::Read { source })?;
+    if payload.len() < expected {
+        return Err(FrameError::Truncated {
+            part: "payload",
+            expected,
+            got: payload.len(),
+        });
+    }
+    let actual = crc32fast::hash(&payload);
+    if actual != header.crc {
+        return Err(FrameError::CrcMismatch {
+            expected: header.crc,
+            actual,
+        });
+    }
+    Ok(RawFrame {
+        kind: header.kind,
+        payload,
+    })
+}
+
+/// Reads one frame of kind `M::KIND` from `reader` and decodes its envelope.
+///
+/// Errors: those of [`read_raw_frame`] and [`RawFrame::decode`].
+pub fn read_frame<M: Message, R: Read>(
+    reader: &mut R,
+    max_frame: u32,
+) -> Result<Envelope<M>, FrameError> {
+    read_raw_frame(reader, max_frame)?.decode(max_frame)
+}
+
+/// Encodes `envelope` and writes the whole frame to `writer` (one `write_all`), then flushes.
+///
+/// Errors: those of [`encode_frame`], [`FrameError::Write`].
+pub fn write_frame<M: Message, W: Write>(
+    writer: &mut W,
+    envelope: &Envelope<M>,
+    max_frame: u32,
+) -> Result<(), FrameError> {
+    let frame = encode_frame(envelope, max_frame)?;
+    writer
+        .write_all(&frame)
+        .and_then(|()| writer.flush())
+        .map_err(|source| FrameError::Write { source })
+}
+
+/// Writes `event` as an event frame (kind 3, envelope id 0).
+///
+/// Errors: those of [`write_frame`].
+pub fn send_event<W: Write>(
+    writer: &mut W,
+    event: &Event,
+    max_frame: u32,
+) -> Result<(), FrameError> {
+    let envelope = Envelope {
+        id: 0,
+        body: event.clone(),
+    };
+    write_frame(writer, &envelope, max_frame)
+}
+
+/// Reads one event frame (kind 3) and returns its event.
+///
+/// Errors: those of [`read_frame`]; a frame of another kind gives
+/// [`FrameError::UnexpectedKind`].
+pub fn recv_event<R: Read>(reader: &mut R, max_frame: u32) -> Result<Event, FrameError> {
+    read_frame::<Event, R>(reader, max_frame).map(|envelope| envelope.body)
+}
+
+/// Reads until `buf` is full or the stream ends; returns the number of bytes read.
+fn read_full<R: Read>(reader: &mut R, buf: &mut [u8]) -> Result<usize, FrameError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(source) => return Err(FrameError::Read { source }),
+        }
+    }
+    Ok(filled)
+}
+
+/// Decodes `payload` as an `Envelope<T>` with a bincode byte limit of at least `max_frame`.
+///
+/// bincode takes its limit as a const generic, so the limit is the smallest of a fixed ladder
+/// (64 KiB, then ×4 up to 4 GiB) that is at least `max_frame` (exactly `max_frame` for the
+/// default 16 MiB). The limit caps what a claimed length inside the payload may allocate.
+fn decode_payload<T: DeserializeOwned>(
+    kind: Kind,
+    payload: &[u8],
+    max_frame: u32,
+) -> Result<Envelope<T>, FrameError> {
+    let limit = u64::from(max_frame).max(payload.len() as u64);
+    let standard = bincode::config::standard();
+    let decoded = if limit <= 1 << 16 {
+        decode_with(payload, standard.with_limit::<{ 1 << 16 }>())
+    } else if limit <= 1 << 18 {
+        decode_with(payload, standard.with_limit::<{ 1 << 18 }>())
+    } else if limit <= 1 << 20 {
+        decode_with(payload, standard.with_limit::<{ 1 << 20 }>())
+    } else if limit <= 1 << 22 {
+        decode_with(payload, standard.with_limit::<{ 1 << 22 }>())
+    } else if limit <= 1 << 24 {
+        decode_with(payload, standard.with_limit::<{ 1 << 24 }>())
+    } else if limit <= 1 << 26 {
+        decode_with(payload, standard.with_limit::<{ 1 << 26 }>())
+    } else if limit <= 1 << 28 {
+        decode_with(payload, standard.with_limit::<{ 1 << 28 }>())
+    } else if limit <= 1 << 30 {
+        decode_with(payload, standard.with_limit::<{ 1 << 30 }>())
+    } else {
+        decode_with(payload, standard.with_limit::<{ 1 << 32 }>())
+    };
+    let (envelope, used) = decoded.map_err(|source| FrameError::Decode { kind, source })?;
+    if used != payload.len() {
+        return Err(FrameError::TrailingBytes {
+            trailing: payload.len() - used,
+        });
+    }
+    Ok(envelope)
+}
+
+fn decode_with<T: DeserializeOwned, C: Config>(
+    payload: &[u8],
+    config: C,
+) -> Result<(Envelope<T>, usize), bincode::error::DecodeError> {
+    bincode::serde::decode_from_slice(payload, config)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+    use crate::message::*;
+
+    fn sandbox_info(id: &str) -> SandboxInfo {
+        SandboxInfo {
+            id: id.to_owned(),
+            image: "base".to_owned(),
+            state: "running".to_owned(),
+            init_pid: Some(4242),
+            pids: vec![4242, 4243],
+            cgroup: "/belayer/sb-1".to_owned(),
+            ready_prefix: Some(3),
+            instance: 1,
+            tag: Some("rollout-7".to_owned()),
+            created_unix_ms: 1_700_000_000_000,
+        }
+    }
+
+    fn checkpoint_info() -> CheckpointInfo {
+        CheckpointInfo {
+            sandbox: "sb-1".to_owned(),
+            prefix: 3,
+            checkpoint: "sb-1-3".to_owned(),
+            bytes: 1 << 20,
+            context_digest: "ab".repeat(32),
+            timings_ms: CheckpointTimings {
+                freeze: 1.5,
+                fs_capture: 2.5,
+                criu_dump: 30.0,
+                publish: 0.25,
+                frozen_total: 34.0,
+                total: 40.0,
+            },
+            created_unix_ms: 1_700_000_000_001,
+        }
+    }
+
+    fn image_info() -> ImageInfo {
+        ImageInfo {
+            name: "base".to_owned(),
+            bytes: 123_456,
+            created_unix_ms: 1_700_000_000_002,
+        }
+    }
+
+    /// Index of each request variant; the match makes a new variant a compile error here.
+    fn request_variant(request: &Request) -> usize {
+        match request {
+            Request::Ping => 0,
+            Request::ImportImage { .. } => 1,
+            Request::ListImages => 2,
+            Request::RemoveImage { .. } => 3,
+            Request::CreateSandbox(_) => 4,
+            Request::ListSandboxes => 5,
+            Request::InspectSandbox { .. } => 6,
+            Request::RemoveSandbox { .. } => 7,
+            Request::Exec(_) => 8,
+            Request::Checkpoint(_) => 9,
+            Request::Restore { .. } => 10,
+            Request::ListCheckpoints { .. } => 11,
+            Request::Gc { .. } => 12,
+            Request::Status => 13,
+        }
+    }
+    const REQUEST_VARIANTS: usize = 14;
+
+    fn response_variant(response: &Response) -> usize {
+        match response {
+            Response::Pong { .. } => 0,
+            Response::Image(_) => 1,
+            Response::Images(_) => 2,
+            Response::Sandbox(_) => 3,
+            Response::Sandboxes(_) => 4,
+            Response::Exec(_) => 5,
+            Response::Checkpoint(_) => 6,
+            Response::Checkpoints(_) => 7,
+            Response::Restored(_) => 8,
+            Response::Gc { .. } => 9,
+            Response::Status(_) => 10,
+            Response::Done => 11,
+            Response::Error(_) => 12,
+        }
+    }
+    const RESPONSE_VARIANTS: usize = 13;
+
+    fn all_requests() -> Vec<Request> {
+        vec![
+            Request::Ping,
+            Request::ImportImage {
+                name: "base".to_owned(),
+                source: "/srv/images/base.tar.zst".to_owned(),
+            },
+            Request::ListImages,
+            Request::RemoveImage {
+                name: "base".to_owned(),
+            },
+            Request::CreateSandbox(SandboxSpec {
+                image: "base".to_owned(),
+                memory_max: Some(512 << 20),
+                pids_max: None,
+                env: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
+                tag: Some("rollout-7".to_owned()),
+            }),
+            Request::ListSandboxes,
+            Request::InspectSandbox {
+                id: "sb-1".to_owned(),
+            },
+            Request::RemoveSandbox {
+                id: "sb-1".to_owned(),
+            },
+            Request::Exec(ExecRequest {
+                id: "sb-1".to_owned(),
+                argv: vec!["echo hi".to_owned()],
+                cwd: Some("/tmp".to_owned()),
+                timeout_ms: Some(5_000),
+                env: vec![],
+                output_limit: Some(4096),
+            }),
+            Request::Checkpoint(CheckpointRequest {
+                id: "sb-1".to_owned(),
+                prefix: 3,
+                context: vec![0, 1, 2, 255],
+                fault: Some(TestFault {
+                    at: FailPoint::DuringCriuDump,
+                    kill_daemon: true,
+                }),
+            }),
+            Request::Restore {
+                id: "sb-1".to_owned(),
+            },
+            Request::ListCheckpoints {
+                id: "sb-1".to_owned(),
+            },
+            Request::Gc {
+                older_than_s: Some(3600),
+                tag: None,
+            },
+            Request::Status,
+        ]
+    }
+
+    fn all_responses() -> Vec<Response> {
+        vec![
+            Response::Pong {
+                version: "0.1.0".to_owned(),
+            },
+            Response::Image(image_info()),
+            Response::Images(vec![image_info(), image_info()]),
+            Response::Sandbox(sandbox_info("sb-1")),
+            Response::Sandboxes(vec![sandbox_info("sb-1"), sandbox_info("sb-2")]),
+            Response::Exec(ExecResult {
+                exit_code: 137,
+                signal: Some(9),
+                stdout: b"out".to_vec(),
+                stderr: vec![0xff; 10],
+                truncated: true,
+                timed_out: true,
+                duration_ms: 5000.25,
+            }),
+            Response::Checkpoint(checkpoint_info()),
+            Response::Checkpoints(vec![checkpoint_info()]),
+            Response::Restored(RestoreInfo {
+                sandbox: "sb-1".to_owned(),
+                prefix: Some(3),
+                context: vec![9; 100],
+                init_pid: 777,
+                timings_ms: RestoreTimings {
+                    teardown: 1.0,
+                    verify: 2.0,
+                    fs_install: 3.0,
+                    criu_restore: 4.0,
+                    total: 10.0,
+                },
+            }),
+            Response::Gc {
+                removed: 2,
+                bytes: 4096,
+            },
+            Response::Status(StatusInfo {
+                version: "0.1.0".to_owned(),
+                protocol: PROTOCOL_VERSION,
+                criu: "Version: 4.1.1".to_owned(),
+                cgroup: "hybrid".to_owned(),
+                sandboxes: 3,
+            }),
+            Response::Done,
+            Response::Error(ErrorReply {
+                code: ErrorCode::UnknownSandbox,
+                message: "no sandbox sb-9".to_owned(),
+            }),
+        ]
+    }
+
+    fn all_events() -> Vec<Event> {
+        vec![
+            Event::SandboxFailed {
+                id: "sb-1".to_owned(),
+                reason: "init killed by signal 9".to_owned(),
+            },
+            Event::CheckpointReady {
+                id: "sb-1".to_owned(),
+                prefix: 4,
+            },
+        ]
+    }
+
+    fn round_trip<M: Message + PartialEq + fmt::Debug + Clone>(body: M, id: u64) {
+        let envelope = Envelope { id, body };
+        let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).expect("encode");
+        assert_eq!(&bytes[0..4], b"BLYR");
+        assert_eq!(bytes[6], M::KIND.byte());
+        let (decoded, used) = decode_frame::<M>(&bytes, DEFAULT_MAX_FRAME).expect("decode");
+        assert_eq!(used, bytes.len());
+        assert_eq!(decoded, envelope);
+    }
+
+    #[test]
+    fn every_request_response_and_event_round_trips() {
+        let requests = all_requests();
+        let seen: BTreeSet<usize> = requests.iter().map(request_variant).collect();
+        assert_eq!(
+            seen.len(),
+            REQUEST_VARIANTS,
+            "a request variant lacks a sample"
+        );
+        for (i, request) in requests.into_iter().enumerate() {
+            round_trip(request, i as u64 + 1);
+        }
+        let responses = all_responses();
+        let seen: BTreeSet<usize> = responses.iter().map(response_variant).collect();
+        assert_eq!(
+            seen.len(),
+            RESPONSE_VARIANTS,
+            "a response variant lacks a sample"
+        );
+        for (i, response) in responses.into_iter().enumerate() {
+            round_trip(response, u64::MAX - i as u64);
+        }
+        for event in all_events() {
+            round_trip(event, 0);
+        }
+    }
+
+    #[test]
+    fn header_layout_is_little_endian() {
+        let envelope = Envelope {
+            id: 7,
+            body: Request::Ping,
+        };
+        let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
+        let payload = &bytes[HEADER_LEN..];
+        assert_eq!(&bytes[4..6], &[1, 0]);
+        assert_eq!(bytes[6], 1);
+        assert_eq!(bytes[7], 0);
+        assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());
+        assert_eq!(&bytes[12..16], &crc32fast::hash(payload).to_le_bytes());
+    }
+
+    #[test]
+    fn several_frames_back_to_back_are_read_in_order() {
+        let mut stream = Vec::new();
+        let requests = all_requests();
+        for (i, request) in requests.iter().enumerate() {
+            let envelope = Envelope {
+                id: i as u64,
+                body: request.clone(),
+            };
+            write_frame(&mut stream, &envelope, DEFAULT_MAX_FRAME).unwrap();
+        }
+        let mut reader = stream.as_slice();
+        for (i, request) in requests.iter().enumerate() {
+            let envelope: Envelope<Request> = read_frame(&mut reader, DEFAULT_MAX_FRAME).unwrap();
+            assert_eq!(envelope.id, i as u64);
+            assert_eq!(&envelope.body, request);
+        }
+        assert!(matches!(
+            read_frame::<Request, _>(&mut reader, DEFAULT_MAX_FRAME),
+            Err(FrameError::Closed)
+        ));
+    }
+
+    fn sample_frame() -> Vec<u8> {
+        let envelope = Envelope {
+            id: 42,
+            body: all_responses().swap_remove(5),
+        };
+        encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap()
+    }
+
+    #[test]
+    fn every_single_bit_flip_in_the_payload_is_caught_by_the_crc() {
+        let frame = sample_frame();
+        for byte in HEADER_LEN..frame.len() {
+            for bit in 0..8 {
+                let mut corrupt = frame.clone();
+                corrupt[byte] ^= 1 << bit;
+                match decode_frame::<Response>(&corrupt, DEFAULT_MAX_FRAME) {
+                    Err(FrameError::CrcMismatch { expected, actual }) => {
+                        assert_ne!(expected, actual)
+                    }
+                    other => panic!("flip of byte {byte} bit {bit}: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn truncation_at_every_offset_is_reported() {
+        let frame = sample_frame();
+        assert!(matches!(
+            decode_frame::<Response>(&frame[..0], DEFAULT_MAX_FRAME),
+            Err(FrameError::Closed)
+        ));
+        for cut in 1..frame.len() {
+            match decode_frame::<Response>(&frame[..cut], DEFAULT_MAX_FRAME) {
+                Err(FrameError::Truncated {
+                    expected,
+                    got,
+                    part,
+                }) => {
+                    assert!(got < expected, "cut {cut}");
+                    let want = if cut < HEADER_LEN {
+                        "header"
+                    } else {
+                        "payload"
+                    };
+                    assert_eq!(part, want, "cut {cut}");
+                }
+                other => panic!("cut at {cut}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn bad_header_fields_give_typed_errors() {
+        let frame = sample_frame();
+
+        let mut bad = frame.clone();
+        bad[0..4].copy_from_slice(b"HTTP");
+        assert!(matches!(
+            decode_frame::<Response>(&bad, DEFAULT_MAX_FRAME),
+            Err(FrameError::BadMagic { got }) if &got == b"HTTP"
+        ));
+
+        let mut bad = frame.clone();
+        bad[4..6].copy_from_slice(&2u16.to_le_bytes());
+        assert!(matches!(
+            decode_frame::<Response>(&bad, DEFAULT_MAX_FRAME),
+            Err(FrameError::UnsupportedVersion {
+                got: 2,
+                supported: 1
+            })
+        ));
+
+        for kind in [0u8, 4, 255] {
+            let mut bad = frame.clone();
+            bad[6] = kind;
+            assert!(matches!(
+                decode_frame::<Response>(&bad, DEFAULT_MAX_FRAME),
+                Err(FrameError::UnknownKind { got }) if got == kind
+            ));
+        }
+
+        let mut bad = frame.clone();
+        bad[7] = 0x80;
+        assert!(matches!(
+            decode_frame::<Response>(&bad, DEFAULT_MAX_FRAME),
+            Err(FrameError::NonzeroFlags { got: 0x80 })
+        ));
+
+        assert!(matches!(
+            decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME),
+            Err(FrameError::UnexpectedKind {
+                expected: Kind::Request,
+                got: Kind::Response
+            })
+        ));
+    }
+
+    #[test]
+    fn oversized_length_is_refused_from_the_header_alone() {
+        let header = Header {
+            kind: Kind::Request,
+            len: u32::MAX,
+            crc: 0,
+        };
+        // Only the header: the error must come before any attempt to read the payload.
+        let bytes = header.to_bytes();
+        match decode_frame::<Request>(&bytes, DEFAULT_MAX_FRAME) {
+            Err(FrameError::TooLarge { len, max }) => {
+                assert_eq!(len, u64::from(u32::MAX));
+                assert_eq!(max, DEFAULT_MAX_FRAME);
+            }
+            other => panic!("{other:?}"),
+        }
+        let envelope = Envelope {
+            id: 1,
+            body: Response::Exec(ExecResult {
+                stdout: vec![7; 2048],
+                ..ExecResult::default()
+            }),
+        };
+        assert!(matches!(
+            encode_frame(&envelope, 1024),
+            Err(FrameError::TooLarge { max: 1024, .. })
+        ));
+        let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
+        assert!(matches!(
+            decode_frame::<Response>(&bytes, 1024),
+            Err(FrameError::TooLarge { max: 1024, .. })
+        ));
+    }
+
+    /// Builds a frame with a correct header and CRC around arbitrary payload bytes.
+    fn frame_around(kind: Kind, payload: &[u8]) -> Vec<u8> {
+        let header = Header {
+            kind,
+            len: payload.len() as u32,
+            crc: crc32fast::hash(payload),
+        };
+        let mut frame = header.to_bytes().to_vec();
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    #[test]
+    fn undecodable_payloads_give_decode_errors() {
+        // id 1, then variant index 200: no such request.
+        let frame = frame_around(Kind::Request, &[1, 200]);
+        assert!(matches!(
+            decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME),
+            Err(FrameError::Decode {
+                kind: Kind::Request,
+                ..
+            })
+        ));
+        // A string claiming 1 GiB inside a tiny payload: refused by the byte limit.
+        let mut payload = vec![1, 3]; // id 1, RemoveImage
+        payload.push(253); // varint u64 marker
+        payload.extend_from_slice(&(1u64 << 30).to_le_bytes());
+        let frame = frame_around(Kind::Request, &payload);
+        assert!(matches!(
+            decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME),
+            Err(FrameError::Decode { .. })
+        ));
+        // A valid envelope followed by garbage.
+        let mut payload = bincode::serde::encode_to_vec(
+            Envelope {
+                id: 1,
+                body: Request::Ping,
+            },
+            bincode::config::standard(),
+        )
+        .unwrap();
+        payload.extend_from_slice(&[0, 0, 0]);
+        let frame = frame_around(Kind::Request, &payload);
+        assert!(matches!(
+            decode_frame::<Request>(&frame, DEFAULT_MAX_FRAME),
+            Err(FrameError::TrailingBytes { trailing: 3 })
+        ));
+    }
+
+    #[test]
+    fn large_max_frames_decode_large_payloads() {
+        let envelope = Envelope {
+            id: 9,
+            body: Response::Exec(ExecResult {
+                stdout: vec![b'x'; 17 << 20],
+                ..ExecResult::default()
+            }),
+        };
+        let max = 32 << 20;
+        let bytes = encode_frame(&envelope, max).unwrap();
+        let (decoded, _) = decode_frame::<Response>(&bytes, max).unwrap();
+        assert_eq!(decoded, envelope);
+    }
+
+    #[test]
+    fn events_travel_over_a_socket_pair() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        for event in all_events() {
+            send_event(&mut a, &event, DEFAULT_MAX_FRAME).unwrap();
+        }
+        drop(a);
+        for event in all_events() {
+            assert_eq!(recv_event(&mut b, DEFAULT_MAX_FRAME).unwrap(), event);
+        }
+        assert!(matches!(
+            recv_event(&mut b, DEFAULT_MAX_FRAME),
+            Err(FrameError::Closed)
+        ));
+    }
+
+    #[test]
+    fn kind_bytes_round_trip() {
+        for kind in [Kind::Request, Kind::Response, Kind::Event] {
+            assert_eq!(Kind::from_byte(kind.byte()), Some(kind));
+        }
+        assert_eq!(Kind::from_byte(0), None);
+    }
+}

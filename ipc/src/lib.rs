@@ -1,0 +1,77 @@
+//! The compact binary protocol between `belayerd` and its clients.
+//!
+//! # Wire format
+//!
+//! Every message travels in one frame: a 16-byte header followed by the payload.
+//!
+//! | bytes | field | value |
+//! |---|---|---|
+//! | 0..4 | magic | `b"BLYR"` |
+//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (1) |
+//! | 6 | kind | 1 request, 2 response, 3 event ([`Kind`]) |
+//! | 7 | flags | reserved, must be 0 |
+//! | 8..12 | payload length | u32 little-endian, bytes, at most the maximum frame size ([`DEFAULT_MAX_FRAME`] = 16 MiB) |
+//! | 12..16 | CRC32 | u32 little-endian, IEEE CRC32 of the payload bytes only |
+//!
+//! The payload is an [`Envelope`] (a request id and a [`Request`], [`Response`] or [`Event`])
+//! encoded with bincode 2, `config::standard()` in serde mode (varint integers, little-endian).
+//! A reader checks magic, version, kind, flags and length before it allocates anything for the
+//! payload, checks the CRC, then decodes with a bincode byte limit derived from the maximum frame
+//! size. Any failure is a typed [`FrameError`]. `docs/protocol.md` holds the full description,
+//! the error behaviour and the versioning rules.
+//!
+//! # Transport
+//!
+//! [`Server`] binds a Unix stream socket (mode 0660, optional group), admits peers by their
+//! kernel-checked credentials ([`PeerCred`], [`AccessPolicy`]: root, or members of one group),
+//! and serves each connection on its own thread through a [`Handler`], one request after the
+//! other. A bad frame is answered with `Response::Error` (`BadRequest`, request id 0) and that
+//! connection is closed; other connections are unaffected. [`Client`] is the blocking
+//! counterpart. [`send_with_fds`] and [`recv_with_fds`] pass file descriptors (`SCM_RIGHTS`);
+//! [`send_event`] and [`recv_event`] frame events.
+//!
+//! # Dependencies
+//!
+//! - `bincode` (=2.0.1, serde mode): the payload encoding, compact and with a decode byte limit.
+//! - `serde`: derives for the message types.
+//! - `serde_bytes`: byte fields (action output, LLM context) encoded as one length-prefixed blob
+//!   instead of element by element (same wire bytes, far faster).
+//! - `crc32fast`: the payload checksum (SIMD-accelerated CRC32).
+//! - `nix`: `SO_PEERCRED`, `sendmsg`/`recvmsg` with `SCM_RIGHTS`, `send` with `MSG_NOSIGNAL`,
+//!   `poll`, `pipe2`.
+//! - `libc`: `getsockopt(SO_PEERGROUPS)`, which nix does not wrap.
+//! - `thiserror`: one typed error enum per module.
+//! - `tracing`: structured logs of refused peers, bad frames and connection lifecycles.
+#![warn(missing_docs)]
+
+pub mod frame;
+pub mod message;
+pub mod transport;
+
+pub use frame::{
+    decode_frame, encode_frame, read_frame, read_raw_frame, recv_event, send_event, write_frame,
+    FrameError, Header, Kind, Message, RawFrame, DEFAULT_MAX_FRAME, HEADER_LEN, MAGIC,
+    PROTOCOL_VERSION,
+};
+pub use message::{
+    CheckpointInfo, CheckpointRequest, CheckpointTimings, Envelope, ErrorCode, ErrorReply, Event,
+    ExecRequest, ExecResult, FailPoint, ImageInfo, Request, Response, RestoreInfo, RestoreTimings,
+    SandboxInfo, SandboxSpec, StatusInfo, TestFault,
+};
+pub use transport::{
+    peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, Client, ClientError,
+    CredsError, FdPassError, Handler, PeerCred, Server, ServerConfig, ServerError, ServerHandle,
+    ShutdownTrigger, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE,
+};
+
+/// `err` and its chain of sources, joined with `": "` (for error replies and log fields).
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,387 @@
+//! The typed messages of the protocol: one [`Request`] enum, one [`Response`] enum and one
+//! [`Event`] enum, each carried in an [`Envelope`] with a request id.
+//!
+//! Payloads are encoded with bincode 2 (`config::standard()`, serde mode). Adding a variant at
+//! the end of an enum is a compatible change only together with a protocol version bump
+//! (see `docs/protocol.md`).
+
+use serde::{Deserialize, Serialize};
+
+/// A message with the request id that ties a response to its request.
+///
+/// Clients pick ids; the server echoes the id of the request in its response. Events carry id 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// Request id chosen by the client (0 for events).
+    pub id: u64,
+    /// The message itself.
+    pub body: T,
+}
+
+/// Everything a client can ask of `belayerd`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Liveness probe; answered by [`Response::Pong`].
+    Ping,
+    /// Import a rootfs directory or a tar archive (plain, gzip or zstd) found at `source` on the
+    /// daemon's host as the read-only image `name`.
+    ImportImage {
+        /// Image name: `[A-Za-z0-9._-]{1,64}`.
+        name: String,
+        /// Absolute host path of a directory or a tar file.
+        source: String,
+    },
+    /// List imported images.
+    ListImages,
+    /// Remove an image that no sandbox uses.
+    RemoveImage {
+        /// Image name.
+        name: String,
+    },
+    /// Create and start a sandbox.
+    CreateSandbox(SandboxSpec),
+    /// List sandboxes.
+    ListSandboxes,
+    /// Describe one sandbox.
+    InspectSandbox {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Kill a sandbox and delete it with all its checkpoints.
+    RemoveSandbox {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Run one action (a shell command) in a sandbox.
+    Exec(ExecRequest),
+    /// Take a full checkpoint C_k of a sandbox at action boundary k (paper: full_checkpoint).
+    Checkpoint(CheckpointRequest),
+    /// Restore the sandbox from its ready checkpoint into a fresh instance (paper: full_restore).
+    Restore {
+        /// Sandbox id.
+        id: String,
+    },
+    /// List the ready checkpoints of a sandbox, oldest first.
+    ListCheckpoints {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Drop checkpoints: those older than `older_than_s` seconds, and/or those of sandboxes with
+    /// rollout tag `tag`. The ready checkpoint of a live sandbox is kept unless `tag` matches.
+    Gc {
+        /// Minimum age in seconds of checkpoints to drop.
+        older_than_s: Option<u64>,
+        /// Rollout tag whose checkpoints are dropped.
+        tag: Option<String>,
+    },
+    /// Daemon status: version, features, counts.
+    Status,
+}
+
+/// Everything `belayerd` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// Answer to [`Request::Ping`].
+    Pong {
+        /// Daemon version (`CARGO_PKG_VERSION`).
+        version: String,
+    },
+    /// One image.
+    Image(ImageInfo),
+    /// All images.
+    Images(Vec<ImageInfo>),
+    /// One sandbox.
+    Sandbox(SandboxInfo),
+    /// All sandboxes.
+    Sandboxes(Vec<SandboxInfo>),
+    /// Result of an action.
+    Exec(ExecResult),
+    /// A checkpoint that was just published, or one listed.
+    Checkpoint(CheckpointInfo),
+    /// Ready checkpoints of a sandbox.
+    Checkpoints(Vec<CheckpointInfo>),
+    /// Result of a restore.
+    Restored(RestoreInfo),
+    /// Result of a garbage collection.
+    Gc {
+        /// Number of checkpoints removed.
+        removed: u64,
+        /// Bytes freed.
+        bytes: u64,
+    },
+    /// Daemon status.
+    Status(StatusInfo),
+    /// The request succeeded and has nothing to return (e.g. a removal).
+    Done,
+    /// The request failed.
+    Error(ErrorReply),
+}
+
+/// Asynchronous notifications from the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// A sandbox lost its init or was killed from outside.
+    SandboxFailed {
+        /// Sandbox id.
+        id: String,
+        /// Human-readable cause.
+        reason: String,
+    },
+    /// A checkpoint became ready (the ready pointer moved to `prefix`).
+    CheckpointReady {
+        /// Sandbox id.
+        id: String,
+        /// Action boundary k.
+        prefix: u64,
+    },
+}
+
+/// Parameters of a new sandbox.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Image name (the lower layer).
+    pub image: String,
+    /// `memory.max` in bytes; `None` = unlimited.
+    pub memory_max: Option<u64>,
+    /// `pids.max`; `None` = unlimited.
+    pub pids_max: Option<u64>,
+    /// Environment of every action, `(key, value)`.
+    pub env: Vec<(String, String)>,
+    /// Rollout tag, used by `gc --tag` to drop a rollout's checkpoints.
+    pub tag: Option<String>,
+}
+
+/// A sandbox as seen by clients.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    /// Stable sandbox id (kept across restores).
+    pub id: String,
+    /// Image name.
+    pub image: String,
+    /// Lifecycle state (`running`, `checkpointing`, `restoring`, `failed`, `stopped`).
+    pub state: String,
+    /// Host pid of the sandbox init, when alive.
+    pub init_pid: Option<i32>,
+    /// Host pids of every process in the sandbox cgroup.
+    pub pids: Vec<i32>,
+    /// The sandbox cgroup (path below the cgroup mount, e.g. `/belayer/sb-…`).
+    pub cgroup: String,
+    /// Prefix k of the ready checkpoint, if any.
+    pub ready_prefix: Option<u64>,
+    /// Instance number: 0 for the original, +1 on every restore.
+    pub instance: u32,
+    /// Rollout tag.
+    pub tag: Option<String>,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// One action.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Sandbox id.
+    pub id: String,
+    /// The command; a single element is run with `/bin/sh -c`.
+    pub argv: Vec<String>,
+    /// Working directory inside the sandbox (default `/`).
+    pub cwd: Option<String>,
+    /// Timeout in milliseconds; on expiry the action's process group is killed.
+    pub timeout_ms: Option<u64>,
+    /// Extra environment for this action.
+    pub env: Vec<(String, String)>,
+    /// Bytes of stdout and of stderr kept (default from the daemon config).
+    pub output_limit: Option<u64>,
+}
+
+/// Outcome of an action.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Exit code; 128 + signal when killed by a signal (shell convention).
+    pub exit_code: i32,
+    /// Terminating signal, if any.
+    pub signal: Option<i32>,
+    /// Captured stdout (at most the output limit).
+    #[serde(with = "serde_bytes")]
+    pub stdout: Vec<u8>,
+    /// Captured stderr (at most the output limit).
+    #[serde(with = "serde_bytes")]
+    pub stderr: Vec<u8>,
+    /// True when stdout or stderr was cut at the limit.
+    pub truncated: bool,
+    /// True when the timeout killed the action.
+    pub timed_out: bool,
+    /// Wall-clock duration in milliseconds.
+    pub duration_ms: f64,
+}
+
+/// Checkpoint stages at which a daemon started with test hooks can be made to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailPoint {
+    /// After the cgroup is frozen.
+    AfterFreeze,
+    /// After the upper layer was captured.
+    AfterFsCapture,
+    /// In the middle of the CRIU dump.
+    DuringCriuDump,
+    /// After everything is durable, before the directory rename.
+    BeforeRename,
+    /// After the rename, before the ready pointer moves.
+    BeforePointerUpdate,
+}
+
+/// How a test hook fails a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TestFault {
+    /// Where.
+    pub at: FailPoint,
+    /// `true`: the daemon SIGKILLs itself there; `false`: the step returns an error.
+    pub kill_daemon: bool,
+}
+
+/// A full checkpoint request (paper: full_checkpoint).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CheckpointRequest {
+    /// Sandbox id.
+    pub id: String,
+    /// Action boundary k of the trajectory prefix.
+    pub prefix: u64,
+    /// The LLM context L_k, opaque bytes stored with the checkpoint.
+    #[serde(with = "serde_bytes")]
+    pub context: Vec<u8>,
+    /// Test hook; refused unless the daemon runs with test hooks enabled.
+    pub fault: Option<TestFault>,
+}
+
+/// Phase timings of a checkpoint, milliseconds.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CheckpointTimings {
+    /// Freezing the cgroup until every task is frozen.
+    pub freeze: f64,
+    /// Capturing the upper layer (F_k).
+    pub fs_capture: f64,
+    /// CRIU dump of the process tree (R_k).
+    pub criu_dump: f64,
+    /// fsync, rename, pointer update.
+    pub publish: f64,
+    /// Time the sandbox was frozen.
+    pub frozen_total: f64,
+    /// The whole request.
+    pub total: f64,
+}
+
+/// A ready checkpoint C_k.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    /// Sandbox id.
+    pub sandbox: String,
+    /// Action boundary k.
+    pub prefix: u64,
+    /// Checkpoint name (directory name in the store).
+    pub checkpoint: String,
+    /// Total bytes of the checkpoint's artifacts.
+    pub bytes: u64,
+    /// blake3 of the stored LLM context, hex.
+    pub context_digest: String,
+    /// Phase timings.
+    pub timings_ms: CheckpointTimings,
+    /// Publication time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// Phase timings of a restore, milliseconds.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RestoreTimings {
+    /// Killing and unmounting the failed instance.
+    pub teardown: f64,
+    /// Verifying the checkpoint's digests.
+    pub verify: f64,
+    /// Installing the captured upper layer into a fresh upper directory.
+    pub fs_install: f64,
+    /// CRIU restore of the process tree.
+    pub criu_restore: f64,
+    /// The whole request.
+    pub total: f64,
+}
+
+/// Result of a restore (paper: full_restore).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RestoreInfo {
+    /// Sandbox id.
+    pub sandbox: String,
+    /// Restored prefix k; `None` when there was no ready checkpoint and the sandbox restarted
+    /// from the base image (k = 0).
+    pub prefix: Option<u64>,
+    /// The LLM context L_k recorded with the checkpoint (empty for k = 0).
+    #[serde(with = "serde_bytes")]
+    pub context: Vec<u8>,
+    /// Host pid of the new init.
+    pub init_pid: i32,
+    /// Phase timings.
+    pub timings_ms: RestoreTimings,
+}
+
+/// An imported image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// Image name.
+    pub name: String,
+    /// Bytes of the rootfs.
+    pub bytes: u64,
+    /// Import time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// Daemon status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusInfo {
+    /// Daemon version.
+    pub version: String,
+    /// Protocol version.
+    pub protocol: u16,
+    /// `criu --version` of the CRIU in use.
+    pub criu: String,
+    /// Cgroup layout in use (`v2`, or `hybrid` with the v1 controllers used).
+    pub cgroup: String,
+    /// Number of sandboxes.
+    pub sandboxes: u64,
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The request was malformed or its arguments invalid.
+    BadRequest,
+    /// No sandbox with that id.
+    UnknownSandbox,
+    /// No image with that name.
+    UnknownImage,
+    /// Name already taken.
+    AlreadyExists,
+    /// Thing in use (e.g. image used by a sandbox).
+    InUse,
+    /// The sandbox is not in a state that allows the request.
+    InvalidState,
+    /// A checkpoint failed verification (digest mismatch, bad manifest).
+    CorruptCheckpoint,
+    /// Taking a checkpoint failed; the previous one is still ready.
+    CheckpointFailed,
+    /// Restoring failed.
+    RestoreFailed,
+    /// Running an action failed (not the action's own non-zero exit).
+    ExecFailed,
+    /// The peer is not allowed to talk to the daemon.
+    PermissionDenied,
+    /// A kernel or tool feature is missing.
+    Unsupported,
+    /// Anything else on the daemon's side.
+    Internal,
+}
+
+/// A typed error answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// Machine-readable code.
+    pub code: ErrorCode,
+    /// Human-readable message with the context (ids, paths, causes).
+    pub message: String,
+}

@@ -1,0 +1,202 @@
+//! The blocking client: one connection, one request at a time.
+
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{is_disconnect, NoSigPipe};
+use crate::frame::{encode_frame, read_frame, FrameError, DEFAULT_MAX_FRAME};
+use crate::message::{Envelope, Request, Response};
+
+/// Why a call could not be completed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Connecting to the socket failed (no server, no permission on the socket file, ...).
+    #[error("connecting to {path} failed")]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting the read timeout failed.
+    #[error("setting the read timeout failed")]
+    SetTimeout {
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The request could not be encoded or written.
+    #[error("sending request {id} failed")]
+    Send {
+        /// Request id.
+        id: u64,
+        /// The framing error.
+        #[source]
+        source: FrameError,
+    },
+    /// The response could not be read or decoded (including a read timeout).
+    #[error("receiving the response to request {id} failed")]
+    Receive {
+        /// Request id.
+        id: u64,
+        /// The framing error.
+        #[source]
+        source: FrameError,
+    },
+    /// The server answered with another request id than the one asked.
+    #[error("response id {got} does not match request id {expected}")]
+    IdMismatch {
+        /// Id of the request sent.
+        expected: u64,
+        /// Id of the response received.
+        got: u64,
+    },
+    /// The server closed the connection before answering.
+    #[error("the server closed the connection before answering request {id}")]
+    ClosedByServer {
+        /// Request id.
+        id: u64,
+    },
+    /// An earlier call failed mid-exchange, so the stream may be out of step; reconnect.
+    #[error("the connection is unusable after an earlier failed call")]
+    Broken,
+}
+
+/// A blocking connection to a Belayer server.
+///
+/// Request ids start at 1 and increase by one per call. A connection-level error reply (id 0,
+/// e.g. [`ErrorCode::PermissionDenied`](crate::ErrorCode::PermissionDenied) or a
+/// `BadRequest` for a bad frame) is returned from [`call`](Client::call) as
+/// `Ok(Response::Error(..))`; the server closes the connection after it.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    path: PathBuf,
+    next_id: u64,
+    max_frame: u32,
+    broken: bool,
+}
+
+impl Client {
+    /// Connects to the server socket at `path`, with the default 16 MiB frame limit and no read
+    /// timeout.
+    ///
+    /// Errors: [`ClientError::Connect`].
+    pub fn connect(path: impl AsRef<Path>) -> Result<Client, ClientError> {
+        let path = path.as_ref().to_owned();
+        let stream = UnixStream::connect(&path).map_err(|source| ClientError::Connect {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Client {
+            stream,
+            path,
+            next_id: 1,
+            max_frame: DEFAULT_MAX_FRAME,
+            broken: false,
+        })
+    }
+
+    /// Sets the largest request payload sent and response payload accepted, bytes.
+    pub fn with_max_frame(mut self, max_frame: u32) -> Client {
+        self.max_frame = max_frame;
+        self
+    }
+
+    /// Sets how long [`call`](Client::call) waits for the response (`None`: forever). A call
+    /// that times out leaves the client [`Broken`](ClientError::Broken).
+    ///
+    /// Errors: [`ClientError::SetTimeout`] (e.g. a zero duration).
+    pub fn with_read_timeout(self, timeout: Option<Duration>) -> Result<Client, ClientError> {
+        self.stream
+            .set_read_timeout(timeout)
+            .map_err(|source| ClientError::SetTimeout { source })?;
+        Ok(self)
+    }
+
+    /// The socket path this client connected to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends `request` and waits for its response.
+    ///
+    /// Errors: [`ClientError::Send`], [`ClientError::Receive`], [`ClientError::IdMismatch`],
+    /// [`ClientError::ClosedByServer`], [`ClientError::Broken`] after an earlier failure.
+    pub fn call(&mut self, request: Request) -> Result<Response, ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let result = self.exchange(id, request);
+        if result.is_err() {
+            self.broken = true;
+        }
+        result
+    }
+
+    fn exchange(&mut self, id: u64, request: Request) -> Result<Response, ClientError> {
+        let frame = encode_frame(&Envelope { id, body: request }, self.max_frame)
+            .map_err(|source| ClientError::Send { id, source })?;
+        if let Err(err) = NoSigPipe(&self.stream).write_all(&frame) {
+            // The server may have refused us and closed already: its reply may still be
+            // waiting in our receive queue.
+            if let Ok(envelope) = read_frame::<Response, _>(&mut &self.stream, self.max_frame) {
+                if envelope.id == 0 && matches!(envelope.body, Response::Error(_)) {
+                    self.broken = true;
+                    return Ok(envelope.body);
+                }
+            }
+            return Err(if is_disconnect(&err) {
+                ClientError::ClosedByServer { id }
+            } else {
+                ClientError::Send {
+                    id,
+                    source: FrameError::Write { source: err },
+                }
+            });
+        }
+        let envelope = match read_frame::<Response, _>(&mut &self.stream, self.max_frame) {
+            Ok(envelope) => envelope,
+            Err(FrameError::Closed) => return Err(ClientError::ClosedByServer { id }),
+            Err(FrameError::Read { source }) if is_disconnect(&source) => {
+                return Err(ClientError::ClosedByServer { id })
+            }
+            Err(source) => return Err(ClientError::Receive { id, source }),
+        };
+        if envelope.id == id {
+            return Ok(envelope.body);
+        }
+        if envelope.id == 0 && matches!(envelope.body, Response::Error(_)) {
+            // Connection-level refusal: the server closes the connection after it.
+            self.broken = true;
+            return Ok(envelope.body);
+        }
+        Err(ClientError::IdMismatch {
+            expected: id,
+            got: envelope.id,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connecting_to_a_missing_socket_names_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.sock");
+        match Client::connect(&path) {
+            Err(ClientError::Connect { path: p, source }) => {
+                assert_eq!(p, path);
+                assert_eq!(source.kind(), io::ErrorKind::NotFound);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

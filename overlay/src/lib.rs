@@ -1,0 +1,105 @@
+//! Overlayfs for Belayer sandboxes: mounts, capture and install of the upper layer, and
+//! integrity digests.
+//!
+//! A sandbox's root is an overlay of a read-only image (the lower layers) and a private,
+//! writable **upper directory**. Everything the sandbox changed lives in the upper layer,
+//! so the file-system half F_k of a checkpoint is an archive of it: [`capture_upper`] writes
+//! it while the sandbox cgroup is frozen, [`install_upper`] recreates it in a fresh upper
+//! directory, and [`OverlayMount`] mounts that over the same image for the restored
+//! sandbox. [`tree_digest`] lets tests (and restore checks) prove that the merged view came
+//! back identical.
+//!
+//! # What an upper layer contains (overlayfs, as root sees the upper directory)
+//!
+//! - Files, directories, symlinks, fifos, sockets created or modified through the merged
+//!   view, with their owners, modes, times and extended attributes. Modifying a lower file
+//!   first *copies it up* (whole file, metadata included).
+//! - **Whiteouts**: deleting a lower entry leaves a character device 0:0 with the same
+//!   name, which hides it. Overlayfs may hardlink all its whiteouts to one inode (whose
+//!   other link lives in the work directory), so whiteouts often come as a hardlink group.
+//! - **Opaque directories**: a directory carrying `trusted.overlay.opaque=y` hides the
+//!   lower directory of the same name entirely (what `rm -r d; mkdir d` leaves).
+//! - **Redirects** and origins: with `redirect_dir=on` a renamed lower directory becomes an
+//!   upper directory with `trusted.overlay.redirect=<old path>`; `trusted.overlay.origin`
+//!   (a file handle of the lower inode), `trusted.overlay.impure`, `.metacopy` and the
+//!   root's `trusted.overlay.uuid` are further bookkeeping. All `trusted.overlay.*`
+//!   attributes are archived and reinstalled verbatim (except the root's uuid), so the new
+//!   mount over the same lower layers interprets the layer exactly as the old one did.
+//!
+//! # Archive format
+//!
+//! A tar stream written by the `tar` crate's [`Builder`](tar::Builder) from headers built
+//! here: GNU headers (binary numeric fields for large uids), members in sorted pre-order
+//! (bytewise by name, parents before children), the upper root first as `./`, directories
+//! with a trailing `/`. Per member, when needed, one PAX extension header before it holds:
+//! `path` / `linkpath` (names or targets over 100 bytes, bytes verbatim), `mtime`
+//! (`seconds.nanoseconds`), and one `SCHILY.xattr.<name>` record per extended attribute
+//! (`BELAYER.xattrhex.<hex name>` for names that are not UTF-8 or contain `=`). A second
+//! and later link to an inode is a tar hardlink member naming the first. Whiteouts and
+//! other device nodes are character/block members, fifos fifo members; sockets are
+//! skipped. The stream ends with two zero blocks, which install checks for. Regular-file
+//! content is copied by the kernel (`copy_file_range`) straight into the archive file.
+//! Holes are archived as zeros (no sparse members).
+//!
+//! # Threat model
+//!
+//! The sandbox is hostile: it controls every name, link target, mode, owner, attribute and
+//! byte in its upper layer, and the archive file could have been altered at rest.
+//!
+//! - **Capture never follows a symlink**: `upper` is opened `O_NOFOLLOW | O_DIRECTORY`,
+//!   every entry is examined with `statx(AT_SYMLINK_NOFOLLOW)` and opened relative to its
+//!   parent's fd with `O_NOFOLLOW`, symlinks are read with `readlinkat`, attributes of
+//!   fd-less entries through `/proc/self/fd/<parent>/<name>` with `l*xattr`. A symlink to
+//!   `/etc/shadow` is archived as a symlink, never as the shadow file. Paths longer than
+//!   install accepts fail the capture rather than produce an unrestorable archive.
+//! - **Install never writes outside the target**: each parent directory is opened with
+//!   `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
+//!   RESOLVE_NO_XDEV)` from the target's fd, so `evil -> /tmp/x` followed by `evil/pwned`
+//!   fails with `ELOOP`; each leaf is created relative to that fd with exclusive, no-follow
+//!   calls (an existing name is a duplicate, never overwritten); hardlinks may only point
+//!   at earlier non-directory members (never `/etc/shadow`); metadata is set through the
+//!   new fd or with `AT_SYMLINK_NOFOLLOW`.
+//! - **Rejected** with a typed [`InstallError`] naming the member: names that are empty,
+//!   absolute, contain `.`/`..`/empty components or NUL, exceed 255 bytes per component or
+//!   4096 in total; device nodes other than 0:0 character devices (a device node in the
+//!   upper layer would give the sandbox raw access to host devices); extended attributes
+//!   outside `user.`/`security.`/`trusted.`/POSIX ACLs; member types not produced by
+//!   capture (GNU sparse, global PAX headers, ...); PAX `size` and `GNU.sparse.*` records
+//!   (a second size would let two parsers disagree on the stream); oversized extension
+//!   headers (memory exhaustion); data on non-regular members; more members, more bytes
+//!   or a bigger file than [`InstallLimits`] (disk exhaustion); a missing end marker.
+//! - What is *accepted* is what the sandbox could create itself: setuid/setgid files owned
+//!   by any uid (the upper directory must sit in a root-only directory on the host, and
+//!   sandboxes mount it `nosuid` or in a user namespace), `trusted.overlay.*` attributes
+//!   (redirects and origins only ever resolve inside the lower layers of the same mount).
+//!
+//! # Dependencies
+//!
+//! - `rustix`: safe wrappers for every syscall used (`openat2`, `statx`, `*at`, xattrs,
+//!   `copy_file_range`, `pread`/`pwrite`, the new mount API, `umount2`), so the crate needs
+//!   no `unsafe`.
+//! - `tar`: the tar format (header layout, checksums, PAX records, reading members); this
+//!   crate builds every header itself and never uses the crate's path-following helpers.
+//! - `blake3`: fast cryptographic hashing for [`file_digest`] and [`tree_digest`].
+//! - `thiserror`: the per-module error enums. `tracing`: structured logs.
+//!
+//! Minimum kernel: 5.6 (`openat2`); 6.8 for the new mount API with `lowerdir+` (older
+//! kernels fall back to `mount(2)`). Implements the file-system half of the paper's
+//! `full_checkpoint` (archive the writable layer while the sandbox is frozen) and
+//! `full_restore` (install it into the fresh sandbox's upper directory before the processes
+//! are restored).
+#![warn(missing_docs)]
+
+pub mod capture;
+pub mod digest;
+mod format;
+pub mod install;
+pub mod mount;
+mod sys;
+mod walk;
+
+pub use capture::{capture_upper, CaptureError, CaptureStats};
+pub use digest::{file_digest, first_difference, tree_digest, tree_listing, DigestError};
+pub use install::{install_upper, InstallError, InstallLimits, InstallStats};
+pub use mount::{is_mountpoint, unmount, MountError, MountFailure, OverlayMount};
+pub use sys::SyscallError;

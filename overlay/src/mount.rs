@@ -1,0 +1,404 @@
+//! Overlayfs mounts as guards: [`OverlayMount`] unmounts (lazily) on drop.
+//!
+//! Mounting uses the new mount API (`fsopen("overlay")`, one `fsconfig("lowerdir+")` per
+//! lower layer, `fsconfig("upperdir")`, `fsconfig("workdir")`, `fsmount`, `move_mount`), so
+//! layer paths need no escaping and a failure comes back with the kernel's own message.
+//! Kernels older than 6.8 (no `lowerdir+`) or without `fsopen` get a classic `mount(2)`
+//! with an option string instead, which cannot carry paths containing `,`, `:` or `\`.
+
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::io::Errno;
+use rustix::mount::{
+    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
+};
+
+use crate::sys::{Call, SyscallError};
+
+/// Why mounting, unmounting or inspecting mounts failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// The overlay mount failed: the paths, the failed call with its errno, and what
+    /// overlayfs logged about it.
+    #[error(transparent)]
+    Mount(Box<MountFailure>),
+    /// No lower layer was given.
+    #[error("mounting overlay at {target} failed: no lower layer given")]
+    NoLowerLayer {
+        /// The mount point.
+        target: PathBuf,
+    },
+    /// The kernel only offers `mount(2)` with an option string, and a layer path holds a
+    /// character that string cannot carry.
+    #[error("mounting overlay at {target} failed: layer path {path} contains `,`, `:` or `\\`, which this kernel's mount(2) options cannot carry")]
+    UnsupportedPath {
+        /// The mount point.
+        target: PathBuf,
+        /// The offending layer path.
+        path: PathBuf,
+    },
+    /// `umount2(MNT_DETACH)` failed (other than for "not a mount point").
+    #[error("unmounting {target} failed")]
+    Unmount {
+        /// The mount point.
+        target: PathBuf,
+        /// The failed call.
+        #[source]
+        source: SyscallError,
+    },
+    /// `/proc/self/mountinfo` could not be read.
+    #[error("reading /proc/self/mountinfo failed")]
+    ReadMountinfo {
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The path to check could not be resolved.
+    #[error("resolving {path} failed")]
+    Resolve {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Details of a failed overlay mount.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "mounting overlay at {target} (lower {lowers:?}, upper {upper}, work {work}) failed{}",
+    log_suffix(kernel_log)
+)]
+pub struct MountFailure {
+    /// The mount point.
+    pub target: PathBuf,
+    /// Lower layers, top-most first.
+    pub lowers: Vec<PathBuf>,
+    /// The upper directory.
+    pub upper: PathBuf,
+    /// The work directory.
+    pub work: PathBuf,
+    /// Messages overlayfs logged for this attempt (new mount API only), e.g.
+    /// `"overlayfs: failed to resolve 'x': -2"`.
+    pub kernel_log: Vec<String>,
+    /// The failed call and its errno.
+    #[source]
+    pub source: SyscallError,
+}
+
+fn log_suffix(log: &[String]) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!(" (kernel: {})", log.join("; "))
+    }
+}
+
+/// A mounted overlay; dropping it detaches the mount (`umount2(target, MNT_DETACH)`)
+/// unless it was [leaked](OverlayMount::leak).
+#[derive(Debug)]
+pub struct OverlayMount {
+    target: PathBuf,
+    leaked: bool,
+}
+
+impl OverlayMount {
+    /// Mounts overlayfs at `target` with `lowerdir=lower`, `upperdir=upper`,
+    /// `workdir=work`. All must exist; `upper` and `work` must be on the same filesystem
+    /// and `work` must be empty (or hold only overlayfs's own work state).
+    ///
+    /// Errors: [`MountError::Mount`] with the paths, the failed call and its errno, and the
+    /// kernel's message; [`MountError::UnsupportedPath`] on old kernels only.
+    pub fn mount(
+        lower: &Path,
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+    ) -> Result<OverlayMount, MountError> {
+        Self::mount_layers(&[lower], upper, work, target)
+    }
+
+    /// Like [`mount`](OverlayMount::mount) with several lower layers, top-most first.
+    pub fn mount_layers(
+        lowers: &[&Path],
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+    ) -> Result<OverlayMount, MountError> {
+        if lowers.is_empty() {
+            return Err(MountError::NoLowerLayer {
+                target: target.to_path_buf(),
+            });
+        }
+        let fail = |source, kernel_log| {
+            MountError::Mount(Box::new(MountFailure {
+                target: target.to_path_buf(),
+                lowers: lowers.iter().map(|l| l.to_path_buf()).collect(),
+                upper: upper.to_path_buf(),
+                work: work.to_path_buf(),
+                kernel_log,
+                source,
+            }))
+        };
+        match mount_fsopen(lowers, upper, work, target) {
+            Ok(()) => {}
+            Err(NewApiError::Unsupported) => mount_legacy(lowers, upper, work, target)
+                .map_err(|e| e.into_mount_error(target, |source| fail(source, Vec::new())))?,
+            Err(NewApiError::Failed { source, log }) => return Err(fail(source, log)),
+        }
+        tracing::debug!(target = %target.display(), upper = %upper.display(), "mounted overlay");
+        Ok(OverlayMount {
+            target: target.to_path_buf(),
+            leaked: false,
+        })
+    }
+
+    /// The mount point.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Keeps the overlay mounted after this guard is dropped; returns the mount point.
+    pub fn leak(mut self) -> PathBuf {
+        self.leaked = true;
+        std::mem::take(&mut self.target)
+    }
+
+    /// Detaches the mount now, reporting failure (dropping the guard only logs it).
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.leaked = true;
+        unmount(&self.target).map(|_| ())
+    }
+}
+
+impl Drop for OverlayMount {
+    fn drop(&mut self) {
+        if self.leaked {
+            return;
+        }
+        if let Err(err) = unmount(&self.target) {
+            tracing::warn!(target = %self.target.display(), error = %err, "detaching overlay failed");
+        }
+    }
+}
+
+/// Lazily unmounts whatever is mounted at `target` (`umount2(MNT_DETACH)`): `Ok(true)`
+/// when something was, `Ok(false)` when `target` is not a mount point (`EINVAL`).
+/// Errors: [`MountError::Unmount`] (e.g. `ENOENT`, `EPERM`).
+pub fn unmount(target: &Path) -> Result<bool, MountError> {
+    match rustix::mount::unmount(target, UnmountFlags::DETACH) {
+        Ok(()) => {
+            tracing::debug!(target = %target.display(), "unmounted");
+            Ok(true)
+        }
+        Err(Errno::INVAL) => Ok(false),
+        Err(errno) => Err(MountError::Unmount {
+            target: target.to_path_buf(),
+            source: SyscallError::new("umount2", errno),
+        }),
+    }
+}
+
+/// Whether `target` (symlinks resolved) is a mount point in this process's mount
+/// namespace, from `/proc/self/mountinfo`. Errors: [`MountError::Resolve`] (e.g. missing),
+/// [`MountError::ReadMountinfo`].
+pub fn is_mountpoint(target: &Path) -> Result<bool, MountError> {
+    let resolved = std::fs::canonicalize(target).map_err(|source| MountError::Resolve {
+        path: target.to_path_buf(),
+        source,
+    })?;
+    let info = std::fs::read("/proc/self/mountinfo")
+        .map_err(|source| MountError::ReadMountinfo { source })?;
+    let found = mount_points(&info).any(|point| point == resolved.as_os_str().as_bytes());
+    Ok(found)
+}
+
+/// The mount point field (5th) of every mountinfo line, octal escapes decoded.
+fn mount_points(info: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
+    info.split(|b| *b == b'\n')
+        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
+        .map(unescape_octal)
+}
+
+/// Decodes the `\ooo` escapes mountinfo uses for space, tab, newline and backslash.
+fn unescape_octal(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let digits = field.get(i + 1..i + 4);
+        match digits {
+            Some(d) if field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)) => {
+                let value = d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                out.push(value as u8);
+                i += 4;
+            }
+            _ => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+enum NewApiError {
+    /// No `fsopen`, or no `lowerdir+`: use `mount(2)`.
+    Unsupported,
+    Failed {
+        source: SyscallError,
+        log: Vec<String>,
+    },
+}
+
+/// Set once the kernel has refused `fsopen` or `lowerdir+`, so later mounts go straight to
+/// `mount(2)`.
+static NEW_API_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+fn mount_fsopen(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<(), NewApiError> {
+    if NEW_API_UNSUPPORTED.load(Ordering::Relaxed) {
+        return Err(NewApiError::Unsupported);
+    }
+    let fs = match rustix::mount::fsopen("overlay", FsOpenFlags::FSOPEN_CLOEXEC) {
+        Ok(fs) => fs,
+        Err(Errno::NOSYS) => {
+            NEW_API_UNSUPPORTED.store(true, Ordering::Relaxed);
+            return Err(NewApiError::Unsupported);
+        }
+        Err(errno) => {
+            return Err(NewApiError::Failed {
+                source: SyscallError::new("fsopen", errno),
+                log: Vec::new(),
+            })
+        }
+    };
+    let failed = |fs: &OwnedFd, call: &'static str, errno: Errno| NewApiError::Failed {
+        source: SyscallError::new(call, errno),
+        log: read_fs_log(fs),
+    };
+    for (i, lower) in lowers.iter().enumerate() {
+        if let Err(errno) = rustix::mount::fsconfig_set_string(&fs, "lowerdir+", *lower) {
+            let log = read_fs_log(&fs);
+            if i == 0 && errno == Errno::INVAL && log.iter().any(|l| l.contains("Unknown parameter")) {
+                NEW_API_UNSUPPORTED.store(true, Ordering::Relaxed);
+                return Err(NewApiError::Unsupported);
+            }
+            return Err(NewApiError::Failed {
+                source: SyscallError::new("fsconfig(lowerdir+)", errno),
+                log,
+            });
+        }
+    }
+    rustix::mount::fsconfig_set_string(&fs, "upperdir", upper)
+        .map_err(|e| failed(&fs, "fsconfig(upperdir)", e))?;
+    rustix::mount::fsconfig_set_string(&fs, "workdir", work)
+        .map_err(|e| failed(&fs, "fsconfig(workdir)", e))?;
+    rustix::mount::fsconfig_create(&fs).map_err(|e| failed(&fs, "fsconfig(create)", e))?;
+    let mnt = rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+        .map_err(|e| failed(&fs, "fsmount", e))?;
+    rustix::mount::move_mount(
+        mnt.as_fd(),
+        c"",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| failed(&fs, "move_mount", e))
+}
+
+/// Drains the messages the kernel queued on a filesystem context fd ("e overlayfs: ...").
+fn read_fs_log(fs: &OwnedFd) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = rustix::io::read(fs, &mut buf) {
+        if n == 0 {
+            break;
+        }
+        let text = String::from_utf8_lossy(&buf[..n]);
+        let text = text.trim_end();
+        // Each message starts with its level: "e " error, "w " warning, "i " info.
+        out.push(text.get(2..).unwrap_or(text).to_owned());
+    }
+    out
+}
+
+enum LegacyError {
+    UnsupportedPath(PathBuf),
+    Failed(SyscallError),
+}
+
+impl LegacyError {
+    fn into_mount_error(self, target: &Path, failed: impl FnOnce(SyscallError) -> MountError) -> MountError {
+        match self {
+            LegacyError::UnsupportedPath(path) => MountError::UnsupportedPath {
+                target: target.to_path_buf(),
+                path,
+            },
+            LegacyError::Failed(source) => failed(source),
+        }
+    }
+}
+
+fn mount_legacy(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<(), LegacyError> {
+    let all = lowers.iter().copied().chain([upper, work]);
+    for path in all {
+        if path.as_os_str().as_bytes().iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
+            return Err(LegacyError::UnsupportedPath(path.to_path_buf()));
+        }
+    }
+    let mut data = b"lowerdir=".to_vec();
+    let lower_list: Vec<&[u8]> = lowers.iter().map(|l| l.as_os_str().as_bytes()).collect();
+    data.extend_from_slice(&lower_list.join(&b':'));
+    data.extend_from_slice(b",upperdir=");
+    data.extend_from_slice(upper.as_os_str().as_bytes());
+    data.extend_from_slice(b",workdir=");
+    data.extend_from_slice(work.as_os_str().as_bytes());
+    let data = CString::new(data)
+        .map_err(|_| LegacyError::UnsupportedPath(PathBuf::from(OsStr::new("<path with NUL>"))))?;
+    rustix::mount::mount("overlay", target, "overlay", MountFlags::empty(), data.as_c_str())
+        .call("mount")
+        .map_err(LegacyError::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_fields_are_unescaped() {
+        let info = b"22 1 8:1 / / rw - ext4 /dev/sda rw\n\
+                     68 22 0:41 / /tmp/a\\040b\\134c rw - overlay overlay rw\n";
+        let points: Vec<Vec<u8>> = mount_points(info).collect();
+        assert_eq!(points, [b"/".to_vec(), b"/tmp/a b\\c".to_vec()]);
+        assert_eq!(unescape_octal(b"x\\01"), b"x\\01");
+        assert_eq!(unescape_octal(b"\\011"), b"\t");
+    }
+
+    #[test]
+    fn legacy_mount_refuses_unrepresentable_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let bad = p.join("a,b");
+        match mount_legacy(&[bad.as_path()], p, p, p) {
+            Err(LegacyError::UnsupportedPath(path)) => assert_eq!(path, bad),
+            _ => panic!("expected UnsupportedPath"),
+        }
+    }
+
+    #[test]
+    fn unmount_of_a_plain_directory_is_false() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!unmount(dir.path()).unwrap());
+        assert!(!is_mountpoint(dir.path()).unwrap());
+        assert!(is_mountpoint(Path::new("/")).unwrap());
+        assert!(matches!(
+            unmount(&dir.path().join("missing")),
+            Err(MountError::Unmount { .. })
+        ));
+    }
+}

@@ -1,0 +1,400 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh Debian 12 machine for Belayer: packages, CRIU 4.x from source, the
+# Rust toolchain, kernel feature checks and the two test images. Safe to run again: every step is
+# skipped when already done (a second run takes a few seconds at most).
+#
+# Usage: scripts/setup.sh            run everything (as root)
+#        source scripts/setup.sh     define the functions and paths below, run nothing
+#
+# Environment:
+#   BELAYER_CACHE          cache directory (default /var/cache/belayer)
+#   BELAYER_DEBIAN_MIRROR  Debian mirror for debootstrap (default: the machine's apt configuration)
+#
+# Logs go to stderr; the last lines on stdout are `export NAME=value` lines for the image paths.
+set -euo pipefail
+
+CACHE=${BELAYER_CACHE:-/var/cache/belayer}
+CRIU_VERSION=4.1.1
+CRIU_BIN=/usr/local/sbin/criu
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+IMAGES="$CACHE/images"
+# Bump a *_RECIPE when the matching image build changes: cached images with another stamp are rebuilt.
+BUSYBOX_RECIPE=1
+PYTHON_RECIPE=1
+PYTHON_SUITE=bookworm
+BUSYBOX_ROOTFS="$IMAGES/busybox/rootfs"
+PYTHON_ROOTFS="$IMAGES/bookworm-python/rootfs"
+PYTHON_TARBALL="$IMAGES/bookworm-python.tar.zst"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+apt_packages=(
+  build-essential pkg-config clang llvm libbpf-dev bpftool
+  libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler python3-protobuf
+  libcap-dev libnl-3-dev libnet1-dev libbsd-dev uuid-dev libaio-dev libgnutls28-dev libnftables-dev
+  busybox-static debootstrap debian-archive-keyring iproute2 xz-utils zstd tar
+  # CRIU runs iptables-restore to lock the network of a sandbox in its own net namespace
+  iptables
+  # test helpers, rustup bootstrap, shell lint
+  python3 curl ca-certificates util-linux kmod shellcheck
+)
+
+install_packages() {
+  local installed missing=() p
+  installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${apt_packages[@]}" 2>/dev/null || true)
+  for p in "${apt_packages[@]}"; do
+    grep -qx "$p install ok installed" <<<"$installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  log "packages: ok (${#apt_packages[@]})"
+}
+
+install_criu() {
+  if [ -x "$CRIU_BIN" ] && "$CRIU_BIN" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
+    log "criu: $CRIU_BIN is $CRIU_VERSION"
+    return
+  fi
+  local src="$CACHE/criu-$CRIU_VERSION"
+  if [ ! -x "$src/criu/criu" ]; then
+    local tarball="$CACHE/criu_$CRIU_VERSION.orig.tar.xz"
+    if [ ! -f "$tarball" ]; then
+      log "fetching CRIU $CRIU_VERSION source"
+      local list=/etc/apt/sources.list.d/belayer-trixie-src.list mirror
+      mirror=$(debian_mirror)
+      [ -f "$list" ] || echo "deb-src $mirror trixie main" > "$list"
+      apt-get update -qq
+      # The .dsc may answer 404 while the orig tarball downloads: check for the tarball.
+      (cd "$CACHE" && { apt-get source --download-only "criu=$CRIU_VERSION-1" >/dev/null 2>&1 || true; })
+      [ -f "$tarball" ] || die "could not fetch $tarball"
+    fi
+    rm -rf "$src" && mkdir -p "$src"
+    tar -xJf "$tarball" -C "$src" --strip-components=1
+    log "building CRIU $CRIU_VERSION (log: $CACHE/criu-build.log)"
+    make -C "$src" -j"$(nproc)" criu >"$CACHE/criu-build.log" 2>&1 || { tail -30 "$CACHE/criu-build.log"; exit 1; }
+  fi
+  install -m 0755 "$src/criu/criu" "$CRIU_BIN"
+  log "criu: installed $CRIU_VERSION at $CRIU_BIN"
+}
+
+# The Rust toolchain pinned in rust-toolchain.toml, with clippy and rustfmt.
+install_rust() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  local toolchain
+  toolchain=$(sed -n 's/^[[:space:]]*channel[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$REPO_ROOT/rust-toolchain.toml")
+  [ -n "$toolchain" ] || die "no channel in $REPO_ROOT/rust-toolchain.toml"
+  if ! command -v rustup >/dev/null; then
+    log "installing rustup"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+      | sh -s -- -y --no-modify-path --profile minimal --default-toolchain none >/dev/null
+  fi
+  local have
+  have=$(rustup component list --installed --toolchain "$toolchain" 2>/dev/null || true)
+  if ! grep -q '^rustc' <<<"$have" || ! grep -q '^clippy' <<<"$have" || ! grep -q '^rustfmt' <<<"$have"; then
+    log "installing Rust $toolchain with clippy and rustfmt"
+    rustup toolchain install "$toolchain" --profile minimal -c clippy -c rustfmt
+  fi
+  log "rust: $toolchain with clippy, rustfmt"
+}
+
+# Prints the first Debian mirror that the machine's apt configuration uses for $PYTHON_SUITE
+# (deb822 *.sources first, then one-line sources.list entries).
+debian_mirror() {
+  if [ -n "${BELAYER_DEBIAN_MIRROR:-}" ]; then
+    echo "$BELAYER_DEBIAN_MIRROR"
+    return
+  fi
+  local f mirror=""
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    mirror=$(awk -v suite="$PYTHON_SUITE" '
+      BEGIN { RS = ""; FS = "\n" }
+      {
+        types = ""; uris = ""; suites = ""; enabled = "yes"
+        for (i = 1; i <= NF; i++) {
+          if ($i ~ /^Types:/) types = " " substr($i, 7) " "
+          else if ($i ~ /^URIs:/) uris = substr($i, 6)
+          else if ($i ~ /^Suites:/) suites = " " substr($i, 8) " "
+          else if ($i ~ /^Enabled:/) enabled = substr($i, 9)
+        }
+        gsub(/[[:space:]]+/, " ", types); gsub(/[[:space:]]+/, " ", suites)
+        if (enabled ~ /no/ || types !~ / deb / || suites !~ (" " suite " ")) next
+        split(uris, u, /[[:space:]]+/)
+        for (j = 1; j in u; j++) if (u[j] != "") { print u[j]; exit }
+      }' "$f")
+    [ -n "$mirror" ] && break
+  done
+  if [ -z "$mirror" ]; then
+    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk -v suite="$PYTHON_SUITE" '
+      $1 == "deb" {
+        i = 2
+        if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+        if ($(i + 1) == suite) { print $i; exit }
+      }')
+  fi
+  [ -n "$mirror" ] || die "no '$PYTHON_SUITE' mirror in /etc/apt/sources.list*; set BELAYER_DEBIAN_MIRROR"
+  echo "${mirror%/}"
+}
+
+# Kernel features Belayer needs; every missing one is reported, then the script fails.
+check_kernel() {
+  local missing=() capeff cg2 probe ctrl where
+  capeff=$(awk '/^CapEff:/ { print $2 }' /proc/self/status)
+  if (( (16#$capeff >> 21) & 1 )); then
+    log "kernel: CAP_SYS_ADMIN present"
+  else
+    missing+=("CAP_SYS_ADMIN (run as root with full capabilities)")
+  fi
+
+  grep -qw overlay /proc/filesystems || modprobe overlay 2>/dev/null || true
+  if grep -qw overlay /proc/filesystems; then
+    log "kernel: overlayfs present"
+  else
+    missing+=("overlayfs (CONFIG_OVERLAY_FS; modprobe overlay failed)")
+  fi
+
+  cg2=$(awk '{ for (i = 7; i <= NF; i++) if ($i == "-") { if ($(i + 1) == "cgroup2") { print $5; exit } break } }' \
+    /proc/self/mountinfo)
+  if [ -z "$cg2" ]; then
+    missing+=("a cgroup v2 mount (mount -t cgroup2 none /sys/fs/cgroup/unified)")
+  else
+    probe="$cg2/belayer-setup-probe.$$"
+    if mkdir "$probe" 2>/dev/null; then
+      if [ -e "$probe/cgroup.freeze" ] && [ -e "$probe/cgroup.kill" ]; then
+        log "kernel: cgroup v2 at $cg2 with cgroup.freeze and cgroup.kill"
+      else
+        missing+=("cgroup.freeze/cgroup.kill in cgroup v2 at $cg2 (kernel >= 5.14)")
+      fi
+      rmdir "$probe"
+    else
+      missing+=("a writable cgroup v2 hierarchy at $cg2")
+    fi
+  fi
+
+  for ctrl in memory pids; do
+    where=""
+    if [ -n "$cg2" ] && grep -qw "$ctrl" "$cg2/cgroup.controllers" 2>/dev/null; then
+      where="v2 $cg2"
+    else
+      where=$(awk -v c="$ctrl" '{
+        for (i = 7; i <= NF; i++) if ($i == "-") {
+          if ($(i + 1) == "cgroup") { n = split($NF, o, ","); for (j = 1; j <= n; j++) if (o[j] == c) { print "v1 " $5; exit } }
+          break
+        } }' /proc/self/mountinfo)
+    fi
+    if [ -n "$where" ]; then
+      log "kernel: $ctrl controller ($where)"
+    else
+      missing+=("the $ctrl cgroup controller (neither v2 nor v1)")
+    fi
+  done
+
+  local out
+  if out=$("$CRIU_BIN" check 2>&1); then
+    log "kernel: criu check: ${out//$'\n'/ }"
+  else
+    missing+=("criu check: ${out//$'\n'/ }")
+  fi
+
+  [ -e /sys/kernel/btf/vmlinux ] || log "warning: no /sys/kernel/btf/vmlinux (BPF CO-RE programs will not load)"
+
+  if [ ${#missing[@]} -gt 0 ]; then
+    local m
+    for m in "${missing[@]}"; do log "error: missing kernel feature: $m"; done
+    exit 1
+  fi
+}
+
+# Temporary build directories, removed on exit unless published.
+TMP_DIRS=()
+
+# Removes a directory tree that may hold mounts (debootstrap mounts /proc and /sys in its target):
+# unmounts everything below it, deepest first, then deletes without crossing file systems.
+remove_tree() {
+  local dir=$1 m
+  [ -e "$dir" ] || return 0
+  dir=$(realpath "$dir")
+  awk -v d="$dir" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r \
+    | while read -r m; do
+    umount -l "$m" || true
+  done
+  rm -rf --one-file-system "$dir"
+}
+
+cleanup_tmp() {
+  local d
+  for d in "${TMP_DIRS[@]}"; do remove_tree "$d"; done
+  TMP_DIRS=()
+}
+
+# Makes a build directory beside the images (same file system, so the final rename is atomic).
+make_tmp() {
+  local d
+  d=$(mktemp -d "$IMAGES/.tmp.$1.XXXXXX")
+  TMP_DIRS+=("$d")
+  echo "$d"
+}
+
+# Replaces the directory $2 by $1: a rename, so readers see the old image or the new one, never half.
+publish_dir() {
+  local built=$1 final=$2 stale=""
+  if [ -e "$final" ]; then
+    stale="$final.stale.$$"
+    mv -T "$final" "$stale"
+  fi
+  mv -T "$built" "$final"
+  [ -z "$stale" ] || remove_tree "$stale"
+}
+
+# Removes build leftovers of an earlier, interrupted run (the caller holds the set-up lock).
+clean_stale_tmp() {
+  local d
+  for d in "$IMAGES"/.tmp.* "$IMAGES"/*.stale.* "$PYTHON_TARBALL".part.*; do
+    [ -e "$d" ] || continue
+    log "removing leftover $d"
+    remove_tree "$d"
+  done
+}
+
+stamp_matches() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
+
+# A minimal rootfs: busybox-static with a symlink per applet, the usual top-level dirs, root user.
+build_busybox_image() {
+  local stamp bb_version
+  bb_version=$(/bin/busybox 2>/dev/null | head -1 || true)
+  stamp="recipe=$BUSYBOX_RECIPE $bb_version"
+  if [ -x "$BUSYBOX_ROOTFS/bin/sh" ] && stamp_matches "$IMAGES/busybox/stamp" "$stamp"; then
+    log "image: busybox at $BUSYBOX_ROOTFS"
+    return
+  fi
+  log "image: building busybox ($bb_version)"
+  local tmp root applet
+  tmp=$(make_tmp busybox)
+  root="$tmp/rootfs"
+  mkdir -p "$root"/{bin,dev,etc,home,proc,root,run,sys,tmp,usr,var/tmp}
+  chmod 0755 "$tmp" "$root"
+  chmod 0700 "$root/root"
+  chmod 1777 "$root/tmp" "$root/var/tmp"
+  ln -s bin "$root/sbin"
+  ln -s ../bin "$root/usr/bin"
+  ln -s ../bin "$root/usr/sbin"
+  install -m 0755 /bin/busybox "$root/bin/busybox"
+  /bin/busybox --list | while read -r applet; do
+    [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+  done
+  [ -e "$root/bin/sh" ] || die "busybox has no sh applet"
+  cat >"$root/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/bin/sh
+nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+EOF
+  cat >"$root/etc/group" <<'EOF'
+root:x:0:
+nogroup:x:65534:
+EOF
+  echo sandbox >"$root/etc/hostname"
+  printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' >"$root/etc/hosts"
+  echo "$stamp" >"$tmp/stamp"
+  publish_dir "$tmp" "$IMAGES/busybox"
+  log "image: busybox ready at $BUSYBOX_ROOTFS"
+}
+
+# Removes what a read-only sandbox image does not need (package lists, caches, docs, logs).
+strip_rootfs() {
+  local root=$1
+  rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/cache/debconf/*-old \
+    "$root"/var/log/* "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+    "$root"/usr/share/lintian "$root"/usr/share/bug
+  find "$root/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name locale.alias -exec rm -rf {} + 2>/dev/null || true
+  echo sandbox >"$root/etc/hostname"
+}
+
+# Packs a rootfs into $PYTHON_TARBALL (atomically: written aside, then renamed) with its stamp.
+pack_python_tarball() {
+  local root=$1 stamp=$2 part="$PYTHON_TARBALL.part.$$"
+  log "image: packing $PYTHON_TARBALL"
+  tar --numeric-owner --xattrs --xattrs-include='*' -C "$root" -cf - . | zstd -q -T0 -6 -o "$part"
+  mv -f "$part" "$PYTHON_TARBALL"
+  echo "$stamp" >"$PYTHON_TARBALL.stamp"
+}
+
+# Shows debootstrap's phase lines (not one line per package) on stderr; never fails.
+debootstrap_progress() {
+  grep --line-buffered -E '(packages|system)\.\.\.$|successfully|Retrieving (InRelease|Release|Packages)$|^[EW]:' \
+    | sed -u 's/^/[setup]   debootstrap: /' >&2 || true
+}
+
+# Debian bookworm (minbase + python3) made by debootstrap, cached as a dir and as a tarball.
+build_python_image() {
+  local stamp="recipe=$PYTHON_RECIPE suite=$PYTHON_SUITE"
+  if [ -x "$PYTHON_ROOTFS/usr/bin/python3" ] && stamp_matches "$IMAGES/bookworm-python/stamp" "$stamp"; then
+    if ! stamp_matches "$PYTHON_TARBALL.stamp" "$stamp" || [ ! -f "$PYTHON_TARBALL" ]; then
+      pack_python_tarball "$PYTHON_ROOTFS" "$stamp"
+    fi
+    log "image: bookworm-python at $PYTHON_ROOTFS"
+    return
+  fi
+  local tmp root
+  tmp=$(make_tmp bookworm-python)
+  root="$tmp/rootfs"
+  mkdir "$root"
+  chmod 0755 "$tmp" "$root"
+  if [ -f "$PYTHON_TARBALL" ] && stamp_matches "$PYTHON_TARBALL.stamp" "$stamp"; then
+    log "image: extracting bookworm-python from $PYTHON_TARBALL"
+    zstd -q -dc "$PYTHON_TARBALL" | tar --numeric-owner --xattrs --xattrs-include='*' -xpf - -C "$root"
+  else
+    local mirror start=$SECONDS dlog="$CACHE/debootstrap.log"
+    mirror=$(debian_mirror)
+    log "image: debootstrap $PYTHON_SUITE minbase + python3 from $mirror (a few minutes; log: $dlog)"
+    if ! debootstrap --variant=minbase --include=python3 "$PYTHON_SUITE" "$root" "$mirror" 2>&1 \
+        | tee "$dlog" | debootstrap_progress; then
+      tail -20 "$dlog" >&2
+      die "debootstrap failed (log: $dlog)"
+    fi
+    # Check the result itself rather than trusting the exit status alone.
+    [ -x "$root/usr/bin/python3" ] || die "debootstrap left no /usr/bin/python3 (log: $dlog)"
+    strip_rootfs "$root"
+    log "image: debootstrap done in $((SECONDS - start)) s"
+    pack_python_tarball "$root" "$stamp"
+  fi
+  echo "$stamp" >"$tmp/stamp"
+  publish_dir "$tmp" "$IMAGES/bookworm-python"
+  log "image: bookworm-python ready at $PYTHON_ROOTFS"
+}
+
+main() {
+  [ "$(id -u)" -eq 0 ] || die "run as root"
+  local start=$SECONDS
+  mkdir -p "$CACHE" "$IMAGES"
+  # One set-up at a time on a machine: concurrent runs wait here.
+  exec 9>"$CACHE/setup.lock"
+  flock 9
+  trap cleanup_tmp EXIT
+  trap 'exit 130' INT TERM
+  clean_stale_tmp
+
+  install_packages
+  install_criu
+  install_rust
+  check_kernel
+  build_busybox_image
+  build_python_image
+
+  cleanup_tmp
+  exec 9>&-
+  export BELAYER_TEST_BUSYBOX_ROOTFS="$BUSYBOX_ROOTFS"
+  export BELAYER_TEST_PYTHON_ROOTFS="$PYTHON_ROOTFS"
+  log "done in $((SECONDS - start)) s"
+  printf 'export BELAYER_TEST_BUSYBOX_ROOTFS=%q\n' "$BUSYBOX_ROOTFS"
+  printf 'export BELAYER_TEST_PYTHON_ROOTFS=%q\n' "$PYTHON_ROOTFS"
+  printf 'export BELAYER_TEST_PYTHON_TARBALL=%q\n' "$PYTHON_TARBALL"
+  printf 'export BELAYER_CRIU=%q\n' "$CRIU_BIN"
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+  main "$@"
+fi

@@ -1,0 +1,117 @@
+//! full_checkpoint / full_restore end to end against the real kernel and CRIU: a python3
+//! sandbox with a background counter, an open file, a pipe between two processes and a TCP
+//! listener; checkpoint at k=3; later actions change the tree and kill the counter; a fail-stop
+//! from the host; restore brings back exactly E_3 and L_3.
+
+use std::time::Duration;
+
+use belayer_overlay::tree_digest;
+use belayer_tests::{python_rootfs, Daemon};
+
+/// Excluded from the tree digest: kernel mounts, and the two files the background processes
+/// keep rewriting (checked separately).
+const EXCLUDE: &[&str] = &["proc", "dev", "counter.txt", "pipe.txt"];
+
+fn counter(d: &Daemon, id: &str) -> u64 {
+    d.sh(id, "cat /counter.txt").parse().unwrap_or(0)
+}
+
+#[test]
+fn checkpoint_at_k3_then_fail_stop_then_restore() {
+    let d = Daemon::start();
+    d.image("python", &python_rootfs());
+    let sb = d.create("python");
+    let id = sb.id.as_str();
+
+    // Actions 1..3.
+    d.sh(id, "mkdir -p /work && echo hello > /work/a.txt && echo data > /work/b.txt");
+    d.sh(
+        id,
+        "sh -c 'echo $$ > /counter.pid; i=0; while :; do i=$((i+1)); echo $i > /counter.txt; sleep 0.05; done' >/dev/null 2>&1 &
+         python3 -c \"import time; f = open('/work/held.txt', 'a'); f.write('held\\n'); f.flush(); time.sleep(1e9)\" >/dev/null 2>&1 &
+         sh -c 'while :; do echo tick; sleep 0.05; done' | sh -c 'n=0; while read l; do n=$((n+1)); echo $n > /pipe.txt; done' >/dev/null 2>&1 &
+         python3 -c \"
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 8080)); s.listen(8)
+while True:
+    c, _ = s.accept(); c.sendall(b'pong'); c.close()
+\" >/dev/null 2>&1 &
+         sleep 0.5",
+    );
+    d.sh(id, "echo three > /work/c.txt");
+    let root = d.root(id);
+    let tree_k3 = tree_digest(&root, EXCLUDE).unwrap();
+    let pids_k3 = d.inspect(id).pids.len();
+    let context = b"L_3: [system, user, assistant(tool_call 1..3), tool(obs 1..3)]";
+    let ckpt = d.checkpoint(id, 3, context);
+    let counter_k3 = counter(&d, id);
+    assert_eq!(ckpt.prefix, 3);
+    assert!(ckpt.bytes > 0);
+    assert!(ckpt.timings_ms.frozen_total > 0.0 && ckpt.timings_ms.total >= ckpt.timings_ms.frozen_total);
+    assert_eq!(d.inspect(id).ready_prefix, Some(3));
+
+    // Actions 4 and 5: edit, delete, kill the counter.
+    d.sh(id, "echo changed > /work/a.txt && rm /work/b.txt && echo new > /work/d.txt");
+    std::thread::sleep(Duration::from_millis(600));
+    let counter_late = counter(&d, id);
+    d.sh(id, "kill $(cat /counter.pid)");
+    assert_ne!(tree_digest(&d.root(id), EXCLUDE).unwrap(), tree_k3);
+
+    // Fail-stop from outside, then full_restore.
+    d.fail_stop(id);
+    let restored = d.restore(id);
+    assert_eq!(restored.prefix, Some(3));
+    assert_eq!(restored.context, context.to_vec(), "L_3 comes back exactly");
+    let info = d.inspect(id);
+    assert_eq!(info.state, "running");
+    assert_eq!(info.instance, 1);
+    assert_eq!(info.pids.len(), pids_k3, "same process tree size as at k=3");
+
+    // The merged tree equals the tree at k=3 byte for byte.
+    assert_eq!(tree_digest(&d.root(id), EXCLUDE).unwrap(), tree_k3);
+    assert_eq!(d.sh(id, "cat /work/a.txt"), "hello");
+    assert_eq!(d.sh(id, "cat /work/b.txt"), "data");
+    assert!(d.exec(id, "test -e /work/d.txt").exit_code != 0);
+
+    // The counter is alive and continues from its k=3 value.
+    let c1 = counter(&d, id);
+    assert!(c1 + 2 >= counter_k3 && c1 < counter_late, "counter {c1}: k3 {counter_k3}, late {counter_late}");
+    std::thread::sleep(Duration::from_millis(300));
+    let c2 = counter(&d, id);
+    assert!(c2 > c1, "counter runs after restore ({c1} → {c2})");
+
+    // The open file is still held and the listener accepts a connection.
+    assert!(d.sh(id, "ls -l /proc/*/fd 2>/dev/null | grep -c held.txt").parse::<u32>().unwrap() >= 1);
+    let pong = d.sh(
+        id,
+        "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 8080), timeout=5).recv(16).decode())\"",
+    );
+    assert_eq!(pong, "pong");
+    // The pipe pair is still connected: the reader keeps counting what the writer sends.
+    let p1: u64 = d.sh(id, "cat /pipe.txt").parse().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let p2: u64 = d.sh(id, "cat /pipe.txt").parse().unwrap();
+    assert!(p2 > p1, "pipe reader advances after restore ({p1} → {p2})");
+}
+
+#[test]
+fn restore_twice_and_checkpoint_after_restore() {
+    let d = Daemon::start();
+    d.image("python", &python_rootfs());
+    let id = d.create("python").id;
+    d.sh(&id, "echo one > /f");
+    d.checkpoint(&id, 1, b"L1");
+    d.sh(&id, "echo two > /f");
+    d.fail_stop(&id);
+    assert_eq!(d.restore(&id).prefix, Some(1));
+    assert_eq!(d.sh(&id, "cat /f"), "one");
+    // A restored sandbox checkpoints and restores again.
+    d.sh(&id, "echo three > /f");
+    d.checkpoint(&id, 2, b"L2");
+    d.sh(&id, "echo four > /f");
+    let r = d.restore(&id);
+    assert_eq!((r.prefix, r.context.as_slice()), (Some(2), &b"L2"[..]));
+    assert_eq!(d.sh(&id, "cat /f"), "three");
+    assert_eq!(d.inspect(&id).instance, 2);
+}
