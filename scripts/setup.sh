@@ -127,7 +127,7 @@ debian_mirror() {
         split(uris, u, /[[:space:]]+/)
         for (j = 1; j in u; j++) if (u[j] != "") { print u[j]; exit }
       }' "$f")
-    [ -n "$mirror" ] && break
+    if [ -n "$mirror" ]; then break; fi
   done
   if [ -z "$mirror" ]; then
     mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk -v suite="$PYTHON_SUITE" '
@@ -324,8 +324,14 @@ pack_python_tarball() {
 
 # Shows debootstrap's phase lines (not one line per package) on stderr; never fails.
 debootstrap_progress() {
-  grep --line-buffered -E '(packages|system)\.\.\.$|successfully|Retrieving (InRelease|Release|Packages)$|^[EW]:' \
-    | sed -u 's/^/[setup]   debootstrap: /' >&2 || true
+  awk '
+    $2 == "Retrieving" && NF == 4 {
+      if (++n % 25 == 0) { printf "[setup]   debootstrap: %d packages retrieved\n", n; fflush() }
+      next
+    }
+    /(packages|system)\.\.\.$|successfully|Retrieving (InRelease|Packages)|Valid Release|Checking component|^[EW]:/ {
+      print "[setup]   debootstrap: " $0; fflush()
+    }' >&2 || true
 }
 
 # Debian bookworm (minbase + python3) made by debootstrap, cached as a dir and as a tarball.

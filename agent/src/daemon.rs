@@ -151,7 +151,12 @@ impl Agent {
                 }
             };
             if matches!(rec.state, SandboxState::Checkpointing | SandboxState::Restoring) {
-                // Interrupted by a crash: thaw, and discard any unpublished checkpoint.
+                // Interrupted by a crash: let a dump the previous daemon started finish (it
+                // restores the freezer state it found when it exits), then thaw, and discard
+                // any unpublished checkpoint.
+                if let Some(pid) = rec.init_pid {
+                    wait_for_orphaned_dump(pid, Duration::from_secs(30));
+                }
                 if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
                     if let Err(err) = cg.thaw() {
                         tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
@@ -338,6 +343,28 @@ impl Agent {
             },
             Request::Gc { older_than_s, tag } => self.gc(older_than_s, tag.as_deref()),
         }
+    }
+}
+
+/// Waits (bounded) until no `criu dump --tree <pid>` process is left running.
+fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let tree = pid.to_string();
+    let running = || {
+        let Ok(entries) = fs::read_dir("/proc") else { return false };
+        entries.flatten().any(|e| {
+            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else { return false };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.get(1) == Some(&&b"dump"[..])
+                && args.windows(2).any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
+        })
+    };
+    while running() {
+        if std::time::Instant::now() > deadline {
+            tracing::warn!(pid, "a CRIU dump of this sandbox is still running; thawing anyway");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

@@ -31,6 +31,7 @@ pub struct DumpRequest {
     manage_cgroups: bool,
     network_lock: Option<NetworkLock>,
     timeout_s: Option<u32>,
+    action_script: Option<PathBuf>,
     log_level: LogLevel,
 }
 
@@ -131,6 +132,7 @@ impl DumpRequest {
             manage_cgroups: false,
             network_lock: None,
             timeout_s: None,
+            action_script: None,
             log_level: LogLevel::default(),
         }
     }
@@ -200,6 +202,14 @@ impl DumpRequest {
         self
     }
 
+    /// `--action-script PATH`: CRIU runs `path` at each stage of the dump (pre-dump,
+    /// network-lock, post-dump, ...) with the stage in `$CRTOOLS_SCRIPT_ACTION`; a non-zero exit
+    /// aborts the dump. Used to hook into the middle of a dump (e.g. fault injection in tests).
+    pub fn action_script(mut self, path: Option<PathBuf>) -> Self {
+        self.action_script = path;
+        self
+    }
+
     /// `-vN`: CRIU's log verbosity.
     pub fn log_level(mut self, level: LogLevel) -> Self {
         self.log_level = level;
@@ -258,6 +268,9 @@ impl DumpRequest {
         }
         if let Some(t) = self.timeout_s {
             push(&mut a, "--timeout", t.to_string());
+        }
+        if let Some(script) = &self.action_script {
+            push(&mut a, "--action-script", script);
         }
         a
     }

@@ -862,7 +862,9 @@ impl Installer<'_> {
         rustix::fs::openat2(
             &*self.target,
             path.as_slice(),
-            flags | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            // RESOLVE_NO_SYMLINKS covers the last component too (ELOOP); O_NOFOLLOW would
+            // turn that into a less telling ENOTDIR.
+            flags | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
             RESOLVE,
         )

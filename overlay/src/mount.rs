@@ -2,7 +2,8 @@
 //!
 //! Mounting uses the new mount API (`fsopen("overlay")`, one `fsconfig("lowerdir+")` per
 //! lower layer, `fsconfig("upperdir")`, `fsconfig("workdir")`, `fsmount`, `move_mount`), so
-//! layer paths need no escaping and a failure comes back with the kernel's own message.
+//! layer paths need no escaping and a failure names the exact step (`fsconfig(upperdir)`,
+//! `fsconfig(create)`, ...) with its errno.
 //! Kernels older than 6.8 (no `lowerdir+`) or without `fsopen` get a classic `mount(2)`
 //! with an option string instead, which cannot carry paths containing `,`, `:` or `\`.
 
@@ -84,8 +85,9 @@ pub struct MountFailure {
     pub upper: PathBuf,
     /// The work directory.
     pub work: PathBuf,
-    /// Messages overlayfs logged for this attempt (new mount API only), e.g.
-    /// `"overlayfs: failed to resolve 'x': -2"`.
+    /// Messages the kernel queued on the filesystem context for this attempt (new mount
+    /// API only), e.g. `"overlay: Unknown parameter 'x'"`. Overlayfs reports most other
+    /// failures (unresolvable layers, bad work directory) only to the kernel log (`dmesg`).
     pub kernel_log: Vec<String>,
     /// The failed call and its errno.
     #[source]
@@ -113,8 +115,9 @@ impl OverlayMount {
     /// `workdir=work`. All must exist; `upper` and `work` must be on the same filesystem
     /// and `work` must be empty (or hold only overlayfs's own work state).
     ///
-    /// Errors: [`MountError::Mount`] with the paths, the failed call and its errno, and the
-    /// kernel's message; [`MountError::UnsupportedPath`] on old kernels only.
+    /// Errors: [`MountError::Mount`] with the paths, the failed step and its errno (details
+    /// such as "failed to resolve" go to `dmesg`); [`MountError::UnsupportedPath`] on old
+    /// kernels only.
     pub fn mount(
         lower: &Path,
         upper: &Path,

@@ -195,7 +195,7 @@ fn take(
         .tcp_established(true)
         .file_locks(true)
         .network_lock(Some(NetworkLock::Skip));
-    let dump = fault_during_dump(dump, req.fault);
+    let dump = dump.action_script(fault_during_dump(req.fault, &work)?);
     rt.criu.dump(&dump).map_err(|source| CheckpointError::Dump { id: id.clone(), source })?;
     t.criu_dump = ms(t_dump);
     drop(frozen);
@@ -266,8 +266,24 @@ fn take(
     })
 }
 
-/// Makes the CRIU dump itself fail part-way (test hook `DuringCriuDump`).
-fn fault_during_dump(dump: DumpRequest, f: Option<TestFault>) -> DumpRequest {
-    let _ = f;
-    dump
+/// Test hook `DuringCriuDump`: a CRIU action script that, once the process tree is dumped but
+/// before CRIU finishes (its `post-dump` stage), fails the dump or SIGKILLs the daemon.
+fn fault_during_dump(
+    f: Option<TestFault>,
+    work: &std::path::Path,
+) -> Result<Option<std::path::PathBuf>, CheckpointError> {
+    let Some(f) = f.filter(|f| f.at == FailPoint::DuringCriuDump) else { return Ok(None) };
+    let action = if f.kill_daemon {
+        format!("kill -9 {}; exit 1", std::process::id())
+    } else {
+        "exit 1".to_string()
+    };
+    let script = format!(
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n{action}\n"
+    );
+    let path = work.join("fault-during-dump.sh");
+    fs::write(&path, script).map_err(|source| CheckpointError::Write { path: path.clone(), source })?;
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|source| CheckpointError::Write { path: path.clone(), source })?;
+    Ok(Some(path))
 }
