@@ -56,7 +56,7 @@ install_packages() {
 }
 
 install_criu() {
-  if [ -x "$CRIU_BIN" ] && "$CRIU_BIN" --version 2>/dev/null | grep -q "Version: $CRIU_VERSION"; then
+  if [ -x "$CRIU_BIN" ] && [[ "$("$CRIU_BIN" --version 2>/dev/null || true)" == *"Version: $CRIU_VERSION"* ]]; then
     log "criu: $CRIU_BIN is $CRIU_VERSION"
     return
   fi
@@ -130,7 +130,7 @@ debian_mirror() {
     if [ -n "$mirror" ]; then break; fi
   done
   if [ -z "$mirror" ]; then
-    mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk -v suite="$PYTHON_SUITE" '
+    mirror=$( { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true; } | awk -v suite="$PYTHON_SUITE" '
       $1 == "deb" {
         i = 2
         if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
@@ -383,12 +383,15 @@ main() {
   trap 'exit 130' INT TERM
   clean_stale_tmp
 
-  install_packages
-  install_criu
-  install_rust
-  check_kernel
-  build_busybox_image
-  build_python_image
+  # Everything but the final export lines goes to stderr, so that stdout can be eval'd.
+  {
+    install_packages
+    install_criu
+    install_rust
+    check_kernel
+    build_busybox_image
+    build_python_image
+  } >&2
 
   cleanup_tmp
   exec 9>&-

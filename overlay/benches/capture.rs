@@ -14,7 +14,9 @@ const SMALL_FILES: usize = 1000;
 fn build_upper(root: &Path, big: bool, small: bool) {
     std::fs::create_dir_all(root).unwrap();
     if big {
-        let data: Vec<u8> = (0..BIG_BYTES).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let data: Vec<u8> = (0..BIG_BYTES)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
         std::fs::write(root.join("big.bin"), data).unwrap();
     }
     if small {
@@ -22,7 +24,11 @@ fn build_upper(root: &Path, big: bool, small: bool) {
             let dir = root.join(format!("d{:02}", i % 20));
             std::fs::create_dir_all(&dir).unwrap();
             let len = 100 + (i * 37) % 4000;
-            std::fs::write(dir.join(format!("f{i:04}")), vec![b'a' + (i % 26) as u8; len]).unwrap();
+            std::fs::write(
+                dir.join(format!("f{i:04}")),
+                vec![b'a' + (i % 26) as u8; len],
+            )
+            .unwrap();
         }
     }
 }
@@ -38,8 +44,16 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn measure(scratch: &Path, name: &'static str, upper: &Path, rows: &mut Vec<Row>) {
-    let mut capture = Row { name, times: Vec::new(), bytes: 0 };
-    let mut install = Row { name, times: Vec::new(), bytes: 0 };
+    let mut capture = Row {
+        name,
+        times: Vec::new(),
+        bytes: 0,
+    };
+    let mut install = Row {
+        name,
+        times: Vec::new(),
+        bytes: 0,
+    };
     for i in 0..ITERATIONS {
         let archive: PathBuf = scratch.join(format!("{name}-{i}.tar"));
         let target = scratch.join(format!("{name}-{i}-upper"));
@@ -55,14 +69,25 @@ fn measure(scratch: &Path, name: &'static str, upper: &Path, rows: &mut Vec<Row>
         std::fs::remove_file(&archive).unwrap();
         std::fs::remove_dir_all(&target).unwrap();
     }
-    let mut digest = Row { name, times: Vec::new(), bytes: 0 };
+    let mut digest = Row {
+        name,
+        times: Vec::new(),
+        bytes: 0,
+    };
     for _ in 0..3 {
         let t = Instant::now();
         tree_digest(upper, &[]).unwrap();
         digest.times.push(t.elapsed());
     }
-    for (row, op) in [(capture, "capture"), (install, "install"), (digest, "tree_digest")] {
-        rows.push(Row { name: leak(format!("{op} {}", row.name)), ..row });
+    for (row, op) in [
+        (capture, "capture"),
+        (install, "install"),
+        (digest, "tree_digest"),
+    ] {
+        rows.push(Row {
+            name: leak(format!("{op} {}", row.name)),
+            ..row
+        });
     }
 }
 
@@ -86,7 +111,10 @@ fn main() {
         tree_digest(&upper, &[]).unwrap();
         measure(scratch.path(), name, &upper, &mut rows);
     }
-    println!("{:<34} {:>9} {:>9} {:>9} {:>12}", "operation", "min ms", "median ms", "max ms", "archive MB");
+    println!(
+        "{:<34} {:>9} {:>9} {:>9} {:>12}",
+        "operation", "min ms", "median ms", "max ms", "archive MB"
+    );
     for row in &mut rows {
         row.times.sort();
         let median = row.times[row.times.len() / 2];

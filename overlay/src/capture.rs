@@ -21,6 +21,7 @@ use crate::format::{
     format_mtime, xattr_key, MAX_EXTENSION_BYTES, MAX_NAME_BYTES, MAX_PATH_BYTES, PAX_LINKPATH,
     PAX_MTIME, PAX_PATH,
 };
+use crate::install::InstallLimits;
 use crate::sys::{self, Call, SyscallError, Xattr};
 use crate::walk::{file_type, walk, WalkEntry, WalkErrorSink};
 
@@ -82,6 +83,34 @@ pub enum CaptureError {
         /// The limit.
         max: u64,
     },
+    /// The upper layer holds more entries than [`InstallLimits::max_entries`].
+    #[error("{path}: more than {max} entries")]
+    TooManyEntries {
+        /// The first entry over the limit, relative to the upper directory.
+        path: PathBuf,
+        /// The limit.
+        max: u64,
+    },
+    /// A regular file is larger than [`InstallLimits::max_file_bytes`].
+    #[error("{path}: file of {size} bytes is larger than {max}")]
+    FileTooLarge {
+        /// The file, relative to the upper directory.
+        path: PathBuf,
+        /// Its size in bytes (holes included).
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The files hold more than [`InstallLimits::max_total_bytes`] together.
+    #[error("{path}: content would reach {total} bytes, more than {max}")]
+    TotalBytesExceeded {
+        /// The first file over the limit, relative to the upper directory.
+        path: PathBuf,
+        /// Content bytes including this file.
+        total: u64,
+        /// The limit.
+        max: u64,
+    },
     /// The entry has a file type the kernel reported as unknown.
     #[error("{path} has an unsupported file type (mode {mode:o})")]
     UnsupportedFileType {
@@ -138,8 +167,24 @@ impl WalkErrorSink for CaptureError {
 /// character devices), other device nodes and fifos as such; hardlinks as tar hardlink
 /// members. Sockets are skipped and counted in [`CaptureStats::skipped_sockets`].
 ///
+/// Applies [`InstallLimits::default`] (see [`capture_upper_with_limits`]).
+///
 /// Errors: [`CaptureError`]; on error the partial archive is removed.
 pub fn capture_upper(upper: &Path, archive: &Path) -> Result<CaptureStats, CaptureError> {
+    capture_upper_with_limits(upper, archive, &InstallLimits::default())
+}
+
+/// [`capture_upper`] with explicit limits: the capture fails (before copying the
+/// offending file) rather than write an archive that [`install_upper`](crate::install_upper)
+/// with the same `limits` would reject. This also bounds what a sandbox can make the host
+/// write: a sparse file of 1 TiB costs the sandbox nothing, but is archived as zeros.
+///
+/// Errors: [`CaptureError`]; on error the partial archive is removed.
+pub fn capture_upper_with_limits(
+    upper: &Path,
+    archive: &Path,
+    limits: &InstallLimits,
+) -> Result<CaptureStats, CaptureError> {
     let started = Instant::now();
     let file = OpenOptions::new()
         .write(true)
@@ -155,6 +200,7 @@ pub fn capture_upper(upper: &Path, archive: &Path) -> Result<CaptureStats, Captu
         archive: archive.to_path_buf(),
         links: HashMap::new(),
         stats: CaptureStats::default(),
+        limits: *limits,
     };
     let result = walk(upper, &[], |entry| capture.add(entry)).and_then(|()| capture.finish());
     match result {
@@ -185,15 +231,27 @@ struct Capture {
     /// First archived path of every inode with more than one link, by (device, inode).
     links: HashMap<(u32, u32, u64), Vec<u8>>,
     stats: CaptureStats,
+    limits: InstallLimits,
 }
 
 /// What one archive member describes besides the common metadata.
 enum Member<'a> {
     Directory,
-    Regular { fd: BorrowedFd<'a>, size: u64 },
-    Symlink { target: &'a [u8] },
-    Hardlink { target: &'a [u8] },
-    Device { kind: EntryType, major: u32, minor: u32 },
+    Regular {
+        fd: BorrowedFd<'a>,
+        size: u64,
+    },
+    Symlink {
+        target: &'a [u8],
+    },
+    Hardlink {
+        target: &'a [u8],
+    },
+    Device {
+        kind: EntryType,
+        major: u32,
+        minor: u32,
+    },
     Fifo,
 }
 
@@ -225,7 +283,11 @@ impl Capture {
             return self.append(&name, entry.stat, &xattrs, Member::Directory);
         }
         if entry.stat.stx_nlink > 1 {
-            let key = (entry.stat.stx_dev_major, entry.stat.stx_dev_minor, entry.stat.stx_ino);
+            let key = (
+                entry.stat.stx_dev_major,
+                entry.stat.stx_dev_minor,
+                entry.stat.stx_ino,
+            );
             if let Some(first) = self.links.get(&key).cloned() {
                 return self.append(rel, entry.stat, &[], Member::Hardlink { target: &first });
             }
@@ -239,9 +301,10 @@ impl Capture {
                     .call("openat")
                     .map_err(read_err)?;
                 // Describe what was opened, not what was looked up.
-                let stat = rustix::fs::statx(&fd, c"", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
-                    .call("statx")
-                    .map_err(read_err)?;
+                let stat =
+                    rustix::fs::statx(&fd, c"", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
+                        .call("statx")
+                        .map_err(read_err)?;
                 let xattrs = sys::xattrs_of_fd(fd.as_fd()).map_err(read_err)?;
                 let member = Member::Regular {
                     fd: fd.as_fd(),
@@ -300,6 +363,29 @@ impl Capture {
             path: self.archive.clone(),
             source,
         };
+        if self.stats.entries >= self.limits.max_entries {
+            return Err(CaptureError::TooManyEntries {
+                path: rel_path(name),
+                max: self.limits.max_entries,
+            });
+        }
+        if let Member::Regular { size, .. } = member {
+            if size > self.limits.max_file_bytes {
+                return Err(CaptureError::FileTooLarge {
+                    path: rel_path(name),
+                    size,
+                    max: self.limits.max_file_bytes,
+                });
+            }
+            let total = self.stats.content_bytes.saturating_add(size);
+            if total > self.limits.max_total_bytes {
+                return Err(CaptureError::TotalBytesExceeded {
+                    path: rel_path(name),
+                    total,
+                    max: self.limits.max_total_bytes,
+                });
+            }
+        }
         let mut header = Header::new_gnu();
         header.set_mode(u32::from(stat.stx_mode) & 0o7777);
         header.set_uid(u64::from(stat.stx_uid));
@@ -360,7 +446,9 @@ impl Capture {
         }
         header.set_cksum();
         // The header goes through the builder; file content follows it directly below.
-        self.builder.append(&header, io::empty()).map_err(write_err)?;
+        self.builder
+            .append(&header, io::empty())
+            .map_err(write_err)?;
         self.stats.entries += 1;
         if let Some((fd, size)) = data {
             let copied = self
@@ -522,7 +610,9 @@ mod tests {
         let upper = dir.path().join("upper");
         std::fs::create_dir_all(upper.join("d")).unwrap();
         std::fs::write(upper.join("d/small"), b"hello").unwrap();
-        let big: Vec<u8> = (0..(INLINE_MAX_BYTES as usize * 3 + 7)).map(|i| i as u8).collect();
+        let big: Vec<u8> = (0..(INLINE_MAX_BYTES as usize * 3 + 7))
+            .map(|i| i as u8)
+            .collect();
         std::fs::write(upper.join("big"), &big).unwrap();
         std::fs::write(upper.join("empty"), b"").unwrap();
         symlink("/etc/passwd", upper.join("l")).unwrap();
@@ -545,10 +635,55 @@ mod tests {
             seen.push((path, content));
         }
         let names: Vec<&str> = seen.iter().map(|(p, _)| p.as_str()).collect();
-        assert_eq!(names, ["./", "big", "d/", "d/small", "empty", "l", long.as_str()]);
+        assert_eq!(
+            names,
+            ["./", "big", "d/", "d/small", "empty", "l", long.as_str()]
+        );
         assert_eq!(seen[1].1, big);
         assert_eq!(seen[3].1, b"hello");
         assert_eq!(seen[6].1, b"long");
+    }
+
+    #[test]
+    fn limits_stop_the_capture_before_copying() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path().join("upper");
+        std::fs::create_dir(&upper).unwrap();
+        // A 1 TiB sparse file costs nothing to make and must not be archived as zeros.
+        File::create(upper.join("sparse"))
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let archive = dir.path().join("a.tar");
+        let err = capture_upper(&upper, &archive).unwrap_err();
+        assert!(
+            matches!(err, CaptureError::FileTooLarge { size, .. } if size == 1 << 40),
+            "{err}"
+        );
+        assert!(!archive.exists());
+        std::fs::remove_file(upper.join("sparse")).unwrap();
+        for i in 0..3 {
+            std::fs::write(upper.join(format!("f{i}")), [0u8; 100]).unwrap();
+        }
+        let limits = InstallLimits {
+            max_total_bytes: 250,
+            ..InstallLimits::default()
+        };
+        let err = capture_upper_with_limits(&upper, &archive, &limits).unwrap_err();
+        assert!(
+            matches!(err, CaptureError::TotalBytesExceeded { total: 300, .. }),
+            "{err}"
+        );
+        let limits = InstallLimits {
+            max_entries: 3,
+            ..InstallLimits::default()
+        };
+        let err = capture_upper_with_limits(&upper, &archive, &limits).unwrap_err();
+        assert!(
+            matches!(err, CaptureError::TooManyEntries { max: 3, .. }),
+            "{err}"
+        );
+        assert!(!archive.exists());
     }
 
     #[test]

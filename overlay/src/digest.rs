@@ -131,7 +131,11 @@ pub fn first_difference<'a>(
     })
 }
 
-fn visit_tree(root: &Path, exclude: &[&str], mut emit: impl FnMut(&str)) -> Result<(), DigestError> {
+fn visit_tree(
+    root: &Path,
+    exclude: &[&str],
+    mut emit: impl FnMut(&str),
+) -> Result<(), DigestError> {
     let exclude = normalize_excludes(exclude);
     let mut first_seen: HashMap<(u32, u32, u64), usize> = HashMap::new();
     let mut index = 0usize;
@@ -192,7 +196,11 @@ fn describe(
         stat.stx_gid
     );
     if kind != FileType::Directory {
-        let _ = write!(out, " mtime={}.{:09}", stat.stx_mtime.tv_sec, stat.stx_mtime.tv_nsec);
+        let _ = write!(
+            out,
+            " mtime={}.{:09}",
+            stat.stx_mtime.tv_sec, stat.stx_mtime.tv_nsec
+        );
         if stat.stx_nlink > 1 {
             let key = (stat.stx_dev_major, stat.stx_dev_minor, stat.stx_ino);
             let first = *first_seen.entry(key).or_insert(index);
@@ -212,7 +220,8 @@ fn describe(
                 .call("openat")
                 .map_err(fail)?;
             let xattrs = sys::xattrs_of_fd(fd.as_fd()).map_err(fail)?;
-            let hash = hash_reader(File::from(fd)).map_err(|e| fail(SyscallError::new("read", e)))?;
+            let hash =
+                hash_reader(File::from(fd)).map_err(|e| fail(SyscallError::new("read", e)))?;
             let _ = write!(out, " size={} blake3={}", stat.stx_size, hash.to_hex());
             xattrs
         }
@@ -230,7 +239,10 @@ fn describe(
             sys::xattrs_of_path(&sys::proc_fd_path(entry.parent, name)).map_err(fail)?
         }
     };
-    for (xname, value) in xattrs.iter().filter(|(n, _)| !n.starts_with(b"trusted.overlay.")) {
+    for (xname, value) in xattrs
+        .iter()
+        .filter(|(n, _)| !n.starts_with(b"trusted.overlay."))
+    {
         out.push_str(" xattr:");
         escape_into(out, xname);
         let _ = write!(out, "={}", hex(value));
@@ -251,7 +263,10 @@ mod tests {
             file_digest(&path).unwrap(),
             "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
         );
-        assert!(matches!(file_digest(&dir.path().join("missing")), Err(DigestError::Open { .. })));
+        assert!(matches!(
+            file_digest(&dir.path().join("missing")),
+            Err(DigestError::Open { .. })
+        ));
     }
 
     #[test]

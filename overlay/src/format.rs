@@ -48,8 +48,7 @@ pub(crate) fn xattr_name_from_key(key: &[u8]) -> Option<Result<Vec<u8>, ()>> {
     if let Some(name) = key.strip_prefix(PAX_XATTR_PREFIX.as_bytes()) {
         return Some(Ok(name.to_vec()));
     }
-    key.strip_prefix(PAX_XATTR_HEX_PREFIX.as_bytes())
-        .map(unhex)
+    key.strip_prefix(PAX_XATTR_HEX_PREFIX.as_bytes()).map(unhex)
 }
 
 /// `seconds.nanoseconds` as PAX writes times; negative times count the fraction towards
@@ -97,11 +96,14 @@ pub(crate) fn parse_mtime(value: &[u8]) -> Option<(i64, u32)> {
     }
 }
 
+/// One PAX record: key and value bytes.
+pub(crate) type PaxRecord<'a> = (&'a [u8], &'a [u8]);
+
 /// Splits a PAX extended-header block into `(key, value)` records. Each record is
 /// `"<length> <key>=<value>\n"` where `<length>` counts the whole record in decimal; values
 /// are taken by length, so they may hold any byte (including newlines, which the `tar`
 /// crate's own line-based parser mishandles). Errors name what is malformed.
-pub(crate) fn parse_pax_records(data: &[u8]) -> Result<Vec<(&[u8], &[u8])>, &'static str> {
+pub(crate) fn parse_pax_records(data: &[u8]) -> Result<Vec<PaxRecord<'_>>, &'static str> {
     let mut records = Vec::new();
     let mut rest = data;
     while !rest.is_empty() {
@@ -190,14 +192,28 @@ mod tests {
         assert_eq!(parse_mtime(b"12"), Some((12, 0)));
         assert_eq!(parse_mtime(b"12.5"), Some((12, 500_000_000)));
         assert_eq!(parse_mtime(b"12.1234567891"), Some((12, 123_456_789)));
-        for bad in [&b""[..], b"-", b".5", b"1.2.3", b"1e5", b"+1", b"1.-2", b" 1"] {
+        for bad in [
+            &b""[..],
+            b"-",
+            b".5",
+            b"1.2.3",
+            b"1e5",
+            b"+1",
+            b"1.-2",
+            b" 1",
+        ] {
             assert_eq!(parse_mtime(bad), None, "{bad:?}");
         }
     }
 
     #[test]
     fn xattr_keys_round_trip() {
-        for name in [&b"user.a"[..], b"trusted.overlay.opaque", b"user.a=b", b"user.\xff\x00"] {
+        for name in [
+            &b"user.a"[..],
+            b"trusted.overlay.opaque",
+            b"user.a=b",
+            b"user.\xff\x00",
+        ] {
             let key = xattr_key(name);
             assert_eq!(xattr_name_from_key(key.as_bytes()), Some(Ok(name.to_vec())));
         }
@@ -216,10 +232,26 @@ mod tests {
             .unwrap();
         drop(builder);
         let data = &block[512..];
-        let len = tar::Header::from_byte_slice(&block[..512]).entry_size().unwrap() as usize;
+        let len = tar::Header::from_byte_slice(&block[..512])
+            .entry_size()
+            .unwrap() as usize;
         let records = parse_pax_records(&data[..len]).unwrap();
-        assert_eq!(records, [(&b"mtime"[..], &b"1.5"[..]), (&b"SCHILY.xattr.user.x"[..], binary)]);
-        for bad in [&b"5 a=b"[..], b"x a=b\n", b"6 ab\n", b"5 =b\n", b"99 a=b\n", b"3 \n", b"a"] {
+        assert_eq!(
+            records,
+            [
+                (&b"mtime"[..], &b"1.5"[..]),
+                (&b"SCHILY.xattr.user.x"[..], binary)
+            ]
+        );
+        for bad in [
+            &b"5 a=b"[..],
+            b"x a=b\n",
+            b"6 ab\n",
+            b"5 =b\n",
+            b"99 a=b\n",
+            b"3 \n",
+            b"a",
+        ] {
             assert!(parse_pax_records(bad).is_err(), "{bad:?}");
         }
         assert_eq!(parse_pax_records(b"").unwrap(), []);

@@ -26,8 +26,8 @@ use rustix::process::{Gid, Uid};
 use tar::{Entry, EntryType, Header};
 
 use crate::format::{
-    is_layer_xattr, parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES, MAX_NAME_BYTES,
-    MAX_PATH_BYTES, MAX_XATTR_VALUE_BYTES,
+    is_layer_xattr, parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES,
+    MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_XATTR_VALUE_BYTES,
 };
 use crate::sys::{self, Call, SyscallError, Xattr};
 
@@ -363,7 +363,10 @@ pub fn install_upper(
     let target_fd = rustix::fs::openat(CWD, target, flags, Mode::empty())
         .call("openat")
         .map_err(open_target)?;
-    if !sys::sorted_names(&target_fd).map_err(open_target)?.is_empty() {
+    if !sys::sorted_names(&target_fd)
+        .map_err(open_target)?
+        .is_empty()
+    {
         return Err(InstallError::TargetNotEmpty {
             path: target.to_path_buf(),
         });
@@ -389,24 +392,31 @@ pub fn install_upper(
     for entry in tar.entries_with_seek().map_err(read_err)?.raw(true) {
         let mut entry = entry.map_err(read_err)?;
         let offset = entry.raw_header_position();
-        end = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
+        end = entry
+            .raw_file_position()
+            .saturating_add(entry.size().div_ceil(512).saturating_mul(512));
         match entry.header().entry_type() {
             EntryType::XHeader => {
-                let data = read_extension(&mut entry, offset, MAX_EXTENSION_BYTES, pending.pax.is_some())
-                    .map_err(|e| e.into_install(archive))?;
+                let data = read_extension(
+                    &mut entry,
+                    offset,
+                    MAX_EXTENSION_BYTES,
+                    pending.pax.is_some(),
+                )
+                .map_err(|e| e.into_install(archive))?;
                 pending.pax = Some((offset, data));
             }
             EntryType::GNULongName => {
                 let max = MAX_PATH_BYTES as u64 + 1;
                 let data = read_extension(&mut entry, offset, max, pending.long_name.is_some())
                     .map_err(|e| e.into_install(archive))?;
-                pending.long_name = Some(strip_nul(data));
+                pending.long_name = Some((offset, strip_nul(data)));
             }
             EntryType::GNULongLink => {
                 let max = MAX_PATH_BYTES as u64 + 1;
                 let data = read_extension(&mut entry, offset, max, pending.long_link.is_some())
                     .map_err(|e| e.into_install(archive))?;
-                pending.long_link = Some(strip_nul(data));
+                pending.long_link = Some((offset, strip_nul(data)));
             }
             _ => {
                 let member = parse_member(&entry, std::mem::take(&mut pending))?;
@@ -437,21 +447,21 @@ pub fn install_upper(
     Ok(stats)
 }
 
-/// Extension headers seen since the last member: (offset, data) of a PAX block, and GNU
-/// long name / long link payloads.
+/// Extension headers seen since the last member, each as (header offset, payload): a PAX
+/// record block, a GNU long name, a GNU long link target.
 #[derive(Default)]
 struct Extensions {
     pax: Option<(u64, Vec<u8>)>,
-    long_name: Option<Vec<u8>>,
-    long_link: Option<Vec<u8>>,
+    long_name: Option<(u64, Vec<u8>)>,
+    long_link: Option<(u64, Vec<u8>)>,
 }
 
 impl Extensions {
     fn first_offset(&self) -> Option<u64> {
-        if let Some((offset, _)) = &self.pax {
-            return Some(*offset);
-        }
-        (self.long_name.is_some() || self.long_link.is_some()).then_some(0)
+        [&self.pax, &self.long_name, &self.long_link]
+            .into_iter()
+            .filter_map(|ext| ext.as_ref().map(|(offset, _)| *offset))
+            .min()
     }
 }
 
@@ -604,12 +614,12 @@ fn name_error(raw: &[u8], err: NameError) -> InstallError {
 fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member, InstallError> {
     let header: &Header = entry.header();
     let records = match &ext.pax {
-        Some((pax_offset, pax)) => parse_pax_records(pax).map_err(|reason| {
-            InstallError::MalformedExtension {
+        Some((pax_offset, pax)) => {
+            parse_pax_records(pax).map_err(|reason| InstallError::MalformedExtension {
                 offset: *pax_offset,
                 reason,
-            }
-        })?,
+            })?
+        }
         None => Vec::new(),
     };
     let pax_value = |key: &[u8]| {
@@ -620,7 +630,7 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
             .map(|(_, v)| v.to_vec())
     };
     let raw = pax_value(b"path")
-        .or(ext.long_name)
+        .or(ext.long_name.map(|(_, name)| name))
         .unwrap_or_else(|| header.path_bytes().into_owned());
     let path = || path_of(&raw);
     let invalid = |field: &'static str, value: &[u8]| InstallError::InvalidField {
@@ -701,14 +711,11 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
 
     let link = || {
         pax_value(b"linkpath")
-            .or_else(|| ext.long_link.clone())
+            .or_else(|| ext.long_link.as_ref().map(|(_, link)| link.clone()))
             .or_else(|| header.link_name_bytes().map(|l| l.into_owned()))
             .unwrap_or_default()
     };
     let size = entry.size();
-    if size != 0 && !matches!(kind_flag, EntryType::Regular | EntryType::Continuous) {
-        return Err(InstallError::UnexpectedData { path: path(), size });
-    }
     let kind = match kind_flag {
         EntryType::Directory => MemberKind::Directory,
         EntryType::Regular | EntryType::Continuous => MemberKind::Regular {
@@ -762,7 +769,11 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
             if kind_flag == EntryType::Block || major != 0 || minor != 0 {
                 return Err(InstallError::ForbiddenDevice {
                     path: path(),
-                    kind: if kind_flag == EntryType::Block { "block" } else { "character" },
+                    kind: if kind_flag == EntryType::Block {
+                        "block"
+                    } else {
+                        "character"
+                    },
                     major,
                     minor,
                 });
@@ -777,6 +788,9 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
             })
         }
     };
+    if size != 0 && !matches!(kind, MemberKind::Regular { .. }) {
+        return Err(InstallError::UnexpectedData { path: path(), size });
+    }
     if components.is_empty() && !matches!(kind, MemberKind::Directory) {
         return Err(InstallError::RootNotDirectory { path: path() });
     }
@@ -888,12 +902,12 @@ impl Installer<'_> {
                 return Ok(fd.clone());
             }
         }
-        let fd = self
-            .open_beneath(parent, OFlags::PATH)
-            .map_err(|source| InstallError::ResolveParent {
+        let fd = self.open_beneath(parent, OFlags::PATH).map_err(|source| {
+            InstallError::ResolveParent {
                 path: path_of(raw),
                 source,
-            })?;
+            }
+        })?;
         let fd = Rc::new(fd);
         // The chain must stay a line from the target down; restart it from here.
         self.chain.clear();
@@ -996,13 +1010,21 @@ impl Installer<'_> {
                 return Ok(());
             }
             MemberKind::Regular { size, offset } => {
-                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let flags = OFlags::WRONLY
+                    | OFlags::CREATE
+                    | OFlags::EXCL
+                    | OFlags::NOFOLLOW
+                    | OFlags::CLOEXEC;
                 let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))
                     .call("openat")
                     .map_err(create_err)?;
                 if *size > 0 {
-                    let copied = sys::copy_range(self.archive.as_fd(), *offset, fd.as_fd(), 0, *size)
-                        .map_err(|source| InstallError::CopyContent { path: path(), source })?;
+                    let copied =
+                        sys::copy_range(self.archive.as_fd(), *offset, fd.as_fd(), 0, *size)
+                            .map_err(|source| InstallError::CopyContent {
+                                path: path(),
+                                source,
+                            })?;
                     if copied < *size {
                         return Err(InstallError::ArchiveTruncated {
                             path: path(),
@@ -1045,22 +1067,33 @@ impl Installer<'_> {
                         target: lossy(&target_path),
                     });
                 }
-                let (target_name, target_parent) =
-                    target.split_last().expect("hardlink targets are never the root");
+                let (target_name, target_parent) = target
+                    .split_last()
+                    .expect("hardlink targets are never the root");
                 let target_dir = if target_parent.is_empty() {
                     None
                 } else {
-                    Some(self.open_beneath(target_parent, OFlags::PATH).map_err(|source| {
-                        InstallError::ResolveParent { path: path(), source }
-                    })?)
+                    Some(
+                        self.open_beneath(target_parent, OFlags::PATH)
+                            .map_err(|source| InstallError::ResolveParent {
+                                path: path(),
+                                source,
+                            })?,
+                    )
                 };
                 let target_dir = match &target_dir {
                     Some(fd) => fd.as_fd(),
                     None => self.target.as_fd(),
                 };
-                rustix::fs::linkat(target_dir, target_name.as_slice(), dir, name, AtFlags::empty())
-                    .call("linkat")
-                    .map_err(create_err)?;
+                rustix::fs::linkat(
+                    target_dir,
+                    target_name.as_slice(),
+                    dir,
+                    name,
+                    AtFlags::empty(),
+                )
+                .call("linkat")
+                .map_err(create_err)?;
             }
         }
         self.installed.insert(full);
@@ -1075,7 +1108,9 @@ impl Installer<'_> {
                 path: path_of(&dir.raw),
                 source,
             };
-            let fd = self.open_beneath(&dir.components, OFlags::RDONLY).map_err(meta_err)?;
+            let fd = self
+                .open_beneath(&dir.components, OFlags::RDONLY)
+                .map_err(meta_err)?;
             finish_dir(fd.as_fd(), dir).map_err(meta_err)?;
         }
         if let Some(root) = &self.root {
@@ -1094,7 +1129,11 @@ fn finish_dir(fd: BorrowedFd<'_>, dir: &DeferredDir) -> Result<(), SyscallError>
 }
 
 /// Owner, then extended attributes (a chown clears `security.capability`), through `fd`.
-fn set_owner_and_xattrs_fd(fd: BorrowedFd<'_>, member: &Member, xattrs: &[Xattr]) -> Result<(), SyscallError> {
+fn set_owner_and_xattrs_fd(
+    fd: BorrowedFd<'_>,
+    member: &Member,
+    xattrs: &[Xattr],
+) -> Result<(), SyscallError> {
     rustix::fs::fchown(
         fd,
         Some(Uid::from_raw(member.uid)),
@@ -1109,7 +1148,12 @@ fn set_owner_and_xattrs_fd(fd: BorrowedFd<'_>, member: &Member, xattrs: &[Xattr]
 
 /// Owner, extended attributes, mode (unless a symlink) and times of `name` in `dir`,
 /// never following `name` if it is a symlink.
-fn set_metadata_at(dir: BorrowedFd<'_>, name: &[u8], member: &Member, chmod: bool) -> Result<(), SyscallError> {
+fn set_metadata_at(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    member: &Member,
+    chmod: bool,
+) -> Result<(), SyscallError> {
     rustix::fs::chownat(
         dir,
         name,
@@ -1126,11 +1170,21 @@ fn set_metadata_at(dir: BorrowedFd<'_>, name: &[u8], member: &Member, chmod: boo
     }
     if chmod {
         // `name` was just created by mknodat in a directory only this installer writes.
-        rustix::fs::chmodat(dir, name, Mode::from_raw_mode(member.mode), AtFlags::empty())
-            .call("fchmodat")?;
+        rustix::fs::chmodat(
+            dir,
+            name,
+            Mode::from_raw_mode(member.mode),
+            AtFlags::empty(),
+        )
+        .call("fchmodat")?;
     }
-    rustix::fs::utimensat(dir, name, &timestamps(member.mtime), AtFlags::SYMLINK_NOFOLLOW)
-        .call("utimensat")
+    rustix::fs::utimensat(
+        dir,
+        name,
+        &timestamps(member.mtime),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .call("utimensat")
 }
 
 #[cfg(test)]
@@ -1138,8 +1192,11 @@ mod tests {
     use super::*;
 
     fn parts(name: &str, is_dir: bool) -> Result<Vec<String>, NameError> {
-        parse_name(name.as_bytes(), is_dir)
-            .map(|c| c.into_iter().map(|c| String::from_utf8(c).unwrap()).collect())
+        parse_name(name.as_bytes(), is_dir).map(|c| {
+            c.into_iter()
+                .map(|c| String::from_utf8(c).unwrap())
+                .collect()
+        })
     }
 
     #[test]

@@ -51,7 +51,9 @@
 //!   parent's fd with `O_NOFOLLOW`, symlinks are read with `readlinkat`, attributes of
 //!   fd-less entries through `/proc/self/fd/<parent>/<name>` with `l*xattr`. A symlink to
 //!   `/etc/shadow` is archived as a symlink, never as the shadow file. Paths longer than
-//!   install accepts fail the capture rather than produce an unrestorable archive.
+//!   install accepts fail the capture rather than produce an unrestorable archive, and
+//!   capture enforces the same [`InstallLimits`] (a 1 TiB sparse file costs the sandbox
+//!   nothing but would be archived as zeros onto the host's disk).
 //! - **Install never writes outside the target**: each parent directory is opened with
 //!   `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
 //!   RESOLVE_NO_XDEV)` from the target's fd, so `evil -> /tmp/x` followed by `evil/pwned`
@@ -98,7 +100,7 @@ pub mod mount;
 mod sys;
 mod walk;
 
-pub use capture::{capture_upper, CaptureError, CaptureStats};
+pub use capture::{capture_upper, capture_upper_with_limits, CaptureError, CaptureStats};
 pub use digest::{file_digest, first_difference, tree_digest, tree_listing, DigestError};
 pub use install::{install_upper, InstallError, InstallLimits, InstallStats};
 pub use mount::{is_mountpoint, unmount, MountError, MountFailure, OverlayMount};

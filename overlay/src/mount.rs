@@ -263,7 +263,12 @@ enum NewApiError {
 /// `mount(2)`.
 static NEW_API_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
-fn mount_fsopen(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<(), NewApiError> {
+fn mount_fsopen(
+    lowers: &[&Path],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), NewApiError> {
     if NEW_API_UNSUPPORTED.load(Ordering::Relaxed) {
         return Err(NewApiError::Unsupported);
     }
@@ -287,7 +292,10 @@ fn mount_fsopen(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> R
     for (i, lower) in lowers.iter().enumerate() {
         if let Err(errno) = rustix::mount::fsconfig_set_string(&fs, "lowerdir+", *lower) {
             let log = read_fs_log(&fs);
-            if i == 0 && errno == Errno::INVAL && log.iter().any(|l| l.contains("Unknown parameter")) {
+            if i == 0
+                && errno == Errno::INVAL
+                && log.iter().any(|l| l.contains("Unknown parameter"))
+            {
                 NEW_API_UNSUPPORTED.store(true, Ordering::Relaxed);
                 return Err(NewApiError::Unsupported);
             }
@@ -336,7 +344,11 @@ enum LegacyError {
 }
 
 impl LegacyError {
-    fn into_mount_error(self, target: &Path, failed: impl FnOnce(SyscallError) -> MountError) -> MountError {
+    fn into_mount_error(
+        self,
+        target: &Path,
+        failed: impl FnOnce(SyscallError) -> MountError,
+    ) -> MountError {
         match self {
             LegacyError::UnsupportedPath(path) => MountError::UnsupportedPath {
                 target: target.to_path_buf(),
@@ -347,10 +359,20 @@ impl LegacyError {
     }
 }
 
-fn mount_legacy(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<(), LegacyError> {
+fn mount_legacy(
+    lowers: &[&Path],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), LegacyError> {
     let all = lowers.iter().copied().chain([upper, work]);
     for path in all {
-        if path.as_os_str().as_bytes().iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
+        if path
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .any(|b| matches!(b, b',' | b':' | b'\\'))
+        {
             return Err(LegacyError::UnsupportedPath(path.to_path_buf()));
         }
     }
@@ -363,9 +385,15 @@ fn mount_legacy(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> R
     data.extend_from_slice(work.as_os_str().as_bytes());
     let data = CString::new(data)
         .map_err(|_| LegacyError::UnsupportedPath(PathBuf::from(OsStr::new("<path with NUL>"))))?;
-    rustix::mount::mount("overlay", target, "overlay", MountFlags::empty(), data.as_c_str())
-        .call("mount")
-        .map_err(LegacyError::Failed)
+    rustix::mount::mount(
+        "overlay",
+        target,
+        "overlay",
+        MountFlags::empty(),
+        data.as_c_str(),
+    )
+    .call("mount")
+    .map_err(LegacyError::Failed)
 }
 
 #[cfg(test)]

@@ -124,7 +124,11 @@ fn read_xattrs(
 }
 
 /// Sets extended attribute `name` on the open file `fd`.
-pub(crate) fn set_xattr_fd(fd: BorrowedFd<'_>, name: &[u8], value: &[u8]) -> Result<(), SyscallError> {
+pub(crate) fn set_xattr_fd(
+    fd: BorrowedFd<'_>,
+    name: &[u8],
+    value: &[u8],
+) -> Result<(), SyscallError> {
     rustix::fs::fsetxattr(fd, name, value, XattrFlags::empty()).call("fsetxattr")
 }
 
@@ -188,7 +192,11 @@ fn copy_range_rw(
 }
 
 /// Reads from `src` at `offset` until `buf` is full or the file ends; returns the bytes read.
-pub(crate) fn read_full_at(src: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> Result<usize, SyscallError> {
+pub(crate) fn read_full_at(
+    src: BorrowedFd<'_>,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<usize, SyscallError> {
     let mut done = 0;
     while done < buf.len() {
         match rustix::io::pread(src, &mut buf[done..], offset + done as u64) {
@@ -202,7 +210,11 @@ pub(crate) fn read_full_at(src: BorrowedFd<'_>, buf: &mut [u8], offset: u64) -> 
 }
 
 /// Writes all of `buf` to `dst` at `offset`.
-pub(crate) fn write_all_at(dst: BorrowedFd<'_>, mut buf: &[u8], mut offset: u64) -> Result<(), SyscallError> {
+pub(crate) fn write_all_at(
+    dst: BorrowedFd<'_>,
+    mut buf: &[u8],
+    mut offset: u64,
+) -> Result<(), SyscallError> {
     while !buf.is_empty() {
         match rustix::io::pwrite(dst, buf, offset) {
             Ok(0) => return Err(SyscallError::new("pwrite", io::ErrorKind::WriteZero)),
@@ -249,7 +261,10 @@ mod tests {
         assert_eq!(copied, 5);
         let copied = copy_range_rw(src.as_fd(), 0, dst.as_fd(), 8, 5).unwrap();
         assert_eq!(copied, 5);
-        assert_eq!(std::fs::read(dir.path().join("dst")).unwrap(), b"\0\0\0worldhello");
+        assert_eq!(
+            std::fs::read(dir.path().join("dst")).unwrap(),
+            b"\0\0\0worldhello"
+        );
     }
 
     #[test]
@@ -272,7 +287,13 @@ mod tests {
         set_xattr_fd(file.as_fd(), b"user.b", b"2").unwrap();
         set_xattr_path(&path, b"user.a", b"1").unwrap();
         let by_fd = xattrs_of_fd(file.as_fd()).unwrap();
-        assert_eq!(by_fd, vec![(b"user.a".to_vec(), b"1".to_vec()), (b"user.b".to_vec(), b"2".to_vec())]);
+        assert_eq!(
+            by_fd,
+            vec![
+                (b"user.a".to_vec(), b"1".to_vec()),
+                (b"user.b".to_vec(), b"2".to_vec())
+            ]
+        );
         let parent = File::open(dir.path()).unwrap();
         let by_path = xattrs_of_path(&proc_fd_path(parent.as_fd(), b"f")).unwrap();
         assert_eq!(by_fd, by_path);

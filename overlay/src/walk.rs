@@ -162,7 +162,10 @@ mod tests {
     use super::*;
 
     #[derive(Debug)]
-    struct TestError(#[allow(dead_code)] PathBuf, #[allow(dead_code)] SyscallError);
+    struct TestError(
+        #[allow(dead_code)] PathBuf,
+        #[allow(dead_code)] SyscallError,
+    );
 
     impl WalkErrorSink for TestError {
         fn walk_error(path: PathBuf, source: SyscallError) -> Self {
@@ -186,7 +189,14 @@ mod tests {
             Ok(())
         })
         .unwrap();
-        let expect = [("", true), ("a", false), ("b", true), ("b/c", true), ("b/c/f", false), ("l", false)];
+        let expect = [
+            ("", true),
+            ("a", false),
+            ("b", true),
+            ("b/c", true),
+            ("b/c/f", false),
+            ("l", false),
+        ];
         let expect: Vec<(String, bool)> = expect.iter().map(|(p, d)| (p.to_string(), *d)).collect();
         assert_eq!(seen, expect);
     }
@@ -197,6 +207,9 @@ mod tests {
         std::os::unix::fs::symlink("/etc", dir.path().join("l")).unwrap();
         let err = walk::<TestError>(&dir.path().join("l"), &[], |_| Ok(())).unwrap_err();
         // O_NOFOLLOW | O_DIRECTORY on a symlink fails with ENOTDIR.
-        assert_eq!(err.1.errno(), Some(rustix::io::Errno::NOTDIR.raw_os_error()));
+        assert_eq!(
+            err.1.errno(),
+            Some(rustix::io::Errno::NOTDIR.raw_os_error())
+        );
     }
 }

@@ -41,7 +41,8 @@ fn digest_change(change: impl FnOnce(&Path)) -> (String, String, Option<String>)
     change(&root);
     let after = tree_digest(&root, &["proc"]).unwrap();
     let listing_after = tree_listing(&root, &["proc"]).unwrap();
-    let diff = first_difference(&listing_before, &listing_after).map(|(_, _, r)| r.unwrap_or("").to_owned());
+    let diff = first_difference(&listing_before, &listing_after)
+        .map(|(_, _, r)| r.unwrap_or("").to_owned());
     (before, after, diff)
 }
 
@@ -49,12 +50,18 @@ fn assert_changes(what: &str, change: impl FnOnce(&Path), line_contains: &str) {
     let (before, after, diff) = digest_change(change);
     assert_ne!(before, after, "{what}: digest unchanged");
     let diff = diff.unwrap_or_default();
-    assert!(diff.contains(line_contains), "{what}: first difference {diff:?}");
+    assert!(
+        diff.contains(line_contains),
+        "{what}: first difference {diff:?}"
+    );
 }
 
 fn assert_unchanged(what: &str, change: impl FnOnce(&Path)) {
     let (before, after, diff) = digest_change(change);
-    assert_eq!(before, after, "{what}: digest changed, first difference {diff:?}");
+    assert_eq!(
+        before, after,
+        "{what}: digest changed, first difference {diff:?}"
+    );
 }
 
 #[test]
@@ -74,8 +81,15 @@ fn one_mode_bit_changes_the_digest() {
     assert_changes(
         "mode",
         |r| {
-            let mode = fs::metadata(r.join("dir/sub/deep")).unwrap().permissions().mode();
-            fs::set_permissions(r.join("dir/sub/deep"), fs::Permissions::from_mode(mode ^ 0o001)).unwrap();
+            let mode = fs::metadata(r.join("dir/sub/deep"))
+                .unwrap()
+                .permissions()
+                .mode();
+            fs::set_permissions(
+                r.join("dir/sub/deep"),
+                fs::Permissions::from_mode(mode ^ 0o001),
+            )
+            .unwrap();
         },
         "dir/sub/deep",
     );
@@ -88,7 +102,11 @@ fn one_mode_bit_changes_the_digest() {
 
 #[test]
 fn one_xattr_changes_the_digest() {
-    assert_changes("xattr added", |r| setxattr(&r.join("b"), "user.k", b"v"), "xattr:user.k=76");
+    assert_changes(
+        "xattr added",
+        |r| setxattr(&r.join("b"), "user.k", b"v"),
+        "xattr:user.k=76",
+    );
     assert_changes(
         "xattr on a directory",
         |r| setxattr(&r.join("dir/sub"), "user.k", b"v"),
@@ -107,8 +125,16 @@ fn one_xattr_changes_the_digest() {
 
 #[test]
 fn an_mtime_changes_the_digest() {
-    assert_changes("mtime ns", |r| set_mtime(&r.join("a"), 1_650_000_000, 6), "a f");
-    assert_changes("symlink mtime", |r| set_mtime(&r.join("sym"), 1, 0), "sym l");
+    assert_changes(
+        "mtime ns",
+        |r| set_mtime(&r.join("a"), 1_650_000_000, 6),
+        "a f",
+    );
+    assert_changes(
+        "symlink mtime",
+        |r| set_mtime(&r.join("sym"), 1, 0),
+        "sym l",
+    );
     // Directory mtimes follow from their children and are left out.
     assert_unchanged("directory mtime", |r| set_mtime(&r.join("dir"), 1, 0));
 }
@@ -128,7 +154,11 @@ fn a_symlink_target_changes_the_digest() {
 
 #[test]
 fn owners_names_types_and_hardlinks_change_the_digest() {
-    assert_changes("owner", |r| lchown(r.join("sym"), Some(7), None).unwrap(), "owner=7:0");
+    assert_changes(
+        "owner",
+        |r| lchown(r.join("sym"), Some(7), None).unwrap(),
+        "owner=7:0",
+    );
     assert_changes(
         "rename",
         |r| fs::rename(r.join("dir/sub/deep"), r.join("dir/sub/deeper")).unwrap(),
@@ -159,7 +189,12 @@ fn excluded_paths_are_ignored() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
     let lines = tree_listing(dir.path(), &["proc", "dir/sub"]).unwrap();
-    assert!(lines.iter().all(|l| !l.starts_with("proc") && !l.starts_with("dir/sub")), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| !l.starts_with("proc") && !l.starts_with("dir/sub")),
+        "{lines:#?}"
+    );
     assert!(lines.iter().any(|l| l.starts_with("dir/file ")));
     assert_eq!(lines[0].split(' ').next(), Some("."));
 }

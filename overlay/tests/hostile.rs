@@ -19,7 +19,11 @@ struct Hostile {
 fn header(kind: EntryType, name: &[u8], size: u64) -> Header {
     let mut h = Header::new_gnu();
     h.set_entry_type(kind);
-    h.set_mode(if kind == EntryType::Directory { 0o755 } else { 0o644 });
+    h.set_mode(if kind == EntryType::Directory {
+        0o755
+    } else {
+        0o644
+    });
     h.set_uid(0);
     h.set_gid(0);
     h.set_mtime(1_700_000_000);
@@ -44,7 +48,9 @@ impl Hostile {
     }
 
     fn pax(mut self, records: &[(&str, &[u8])]) -> Self {
-        self.builder.append_pax_extensions(records.iter().copied()).unwrap();
+        self.builder
+            .append_pax_extensions(records.iter().copied())
+            .unwrap();
         self
     }
 
@@ -57,7 +63,10 @@ impl Hostile {
     }
 
     fn file(self, name: &str, data: &[u8]) -> Self {
-        self.raw(header(EntryType::Regular, name.as_bytes(), data.len() as u64), data)
+        self.raw(
+            header(EntryType::Regular, name.as_bytes(), data.len() as u64),
+            data,
+        )
     }
 
     fn link(self, kind: EntryType, name: &str, target: &str) -> Self {
@@ -121,7 +130,9 @@ impl Scratch {
 
 fn assert_name_rejected(name: &str, expected_reason: &str) {
     let s = Scratch::new();
-    let err = s.install(Hostile::new().root().file(name, b"x").finish()).unwrap_err();
+    let err = s
+        .install(Hostile::new().root().file(name, b"x").finish())
+        .unwrap_err();
     match err {
         InstallError::InvalidName { path, reason } => {
             assert_eq!(path, Path::new(name));
@@ -145,7 +156,10 @@ fn parent_escapes_and_absolute_paths_are_rejected() {
 
 #[test]
 fn a_symlinked_parent_is_never_followed() {
-    let canary = tempfile::Builder::new().prefix("belayer-canary").tempdir().unwrap();
+    let canary = tempfile::Builder::new()
+        .prefix("belayer-canary")
+        .tempdir()
+        .unwrap();
     let s = Scratch::new();
     let archive = Hostile::new()
         .root()
@@ -163,7 +177,10 @@ fn a_symlinked_parent_is_never_followed() {
     assert!(names(canary.path()).is_empty(), "canary touched");
     // The symlink itself was installed as a symlink, nothing more.
     assert_eq!(names(&s.target), ["evil"]);
-    assert!(fs::symlink_metadata(s.target.join("evil")).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(s.target.join("evil"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 
     // The same through a relative symlink pointing up and out of the target.
     let s = Scratch::new();
@@ -172,7 +189,10 @@ fn a_symlinked_parent_is_never_followed() {
         .link(EntryType::Symlink, "up", "../outside")
         .file("up/pwned", b"gotcha")
         .finish();
-    assert!(matches!(s.install(archive), Err(InstallError::ResolveParent { .. })));
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::ResolveParent { .. })
+    ));
 }
 
 fn libc_eloop() -> i32 {
@@ -182,10 +202,17 @@ fn libc_eloop() -> i32 {
 #[test]
 fn a_parent_that_is_not_a_directory_is_rejected() {
     let s = Scratch::new();
-    let archive = Hostile::new().root().file("f", b"x").file("f/child", b"y").finish();
+    let archive = Hostile::new()
+        .root()
+        .file("f", b"x")
+        .file("f/child", b"y")
+        .finish();
     match s.install(archive).unwrap_err() {
         InstallError::ResolveParent { source, .. } => {
-            assert_eq!(source.errno(), Some(rustix::io::Errno::NOTDIR.raw_os_error()))
+            assert_eq!(
+                source.errno(),
+                Some(rustix::io::Errno::NOTDIR.raw_os_error())
+            )
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -193,17 +220,26 @@ fn a_parent_that_is_not_a_directory_is_rejected() {
 
 #[test]
 fn hardlinks_must_point_at_earlier_members_inside() {
-    let cases: [(&str, fn(&InstallError) -> bool); 5] = [
-        ("/etc/shadow", |e| {
-            matches!(e, InstallError::InvalidLinkTarget { reason, .. } if *reason == "absolute path")
+    type Check = fn(&InstallError) -> bool;
+    let cases: [(&str, Check); 5] = [
+        (
+            "/etc/shadow",
+            |e| matches!(e, InstallError::InvalidLinkTarget { reason, .. } if *reason == "absolute path"),
+        ),
+        (
+            "../outside/x",
+            |e| matches!(e, InstallError::InvalidLinkTarget { reason, .. } if *reason == "`..` component"),
+        ),
+        ("missing", |e| {
+            matches!(e, InstallError::HardlinkTargetMissing { .. })
         }),
-        ("../outside/x", |e| {
-            matches!(e, InstallError::InvalidLinkTarget { reason, .. } if *reason == "`..` component")
-        }),
-        ("missing", |e| matches!(e, InstallError::HardlinkTargetMissing { .. })),
         // Through a symlink to /etc: `s/shadow` was never installed.
-        ("s/shadow", |e| matches!(e, InstallError::HardlinkTargetMissing { .. })),
-        ("d", |e| matches!(e, InstallError::HardlinkTargetMissing { .. })),
+        ("s/shadow", |e| {
+            matches!(e, InstallError::HardlinkTargetMissing { .. })
+        }),
+        ("d", |e| {
+            matches!(e, InstallError::HardlinkTargetMissing { .. })
+        }),
     ];
     for (target, check) in cases {
         let s = Scratch::new();
@@ -241,9 +277,17 @@ fn device_nodes_other_than_whiteouts_are_rejected() {
         (EntryType::Block, 0, 0, "block"),
     ] {
         let s = Scratch::new();
-        let archive = Hostile::new().root().device(kind, "dev", major, minor).finish();
+        let archive = Hostile::new()
+            .root()
+            .device(kind, "dev", major, minor)
+            .finish();
         match s.install(archive).unwrap_err() {
-            InstallError::ForbiddenDevice { path, kind, major: ma, minor: mi } => {
+            InstallError::ForbiddenDevice {
+                path,
+                kind,
+                major: ma,
+                minor: mi,
+            } => {
                 assert_eq!(path, Path::new("dev"));
                 assert_eq!((kind, ma, mi), (kind_name, major, minor));
             }
@@ -261,7 +305,10 @@ fn device_nodes_other_than_whiteouts_are_rejected() {
     s.install(archive).unwrap();
     let wh = fs::symlink_metadata(s.target.join("wh")).unwrap();
     assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
-    assert!(fs::symlink_metadata(s.target.join("fifo")).unwrap().file_type().is_fifo());
+    assert!(fs::symlink_metadata(s.target.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
 }
 
 #[test]
@@ -294,12 +341,19 @@ fn over_long_names_are_rejected() {
     let s = Scratch::new();
     let archive = Hostile::new()
         .root()
-        .raw(header(EntryType::GNULongName, b"././@LongLink", 5000), &[b'n'; 5000])
+        .raw(
+            header(EntryType::GNULongName, b"././@LongLink", 5000),
+            &[b'n'; 5000],
+        )
         .file("placeholder", b"x")
         .finish();
     assert!(matches!(
         s.install(archive),
-        Err(InstallError::ExtensionTooLarge { size: 5000, max: 4097, .. })
+        Err(InstallError::ExtensionTooLarge {
+            size: 5000,
+            max: 4097,
+            ..
+        })
     ));
 
     // A PAX path with a NUL byte.
@@ -311,7 +365,10 @@ fn over_long_names_are_rejected() {
         .finish();
     assert!(matches!(
         s.install(archive),
-        Err(InstallError::InvalidName { reason: "NUL byte", .. })
+        Err(InstallError::InvalidName {
+            reason: "NUL byte",
+            ..
+        })
     ));
 }
 
@@ -330,7 +387,9 @@ fn limits_are_enforced_with_distinct_errors() {
         ..InstallLimits::default()
     };
     match Scratch::new().install_with(archive(), &limits).unwrap_err() {
-        InstallError::TooManyEntries { path, max } => assert_eq!((path, max), (PathBuf::from("c"), 3)),
+        InstallError::TooManyEntries { path, max } => {
+            assert_eq!((path, max), (PathBuf::from("c"), 3))
+        }
         other => panic!("unexpected {other:?}"),
     }
     let limits = InstallLimits {
@@ -362,14 +421,20 @@ fn limits_are_enforced_with_distinct_errors() {
     bytes.truncate(bytes.len() - 1024);
     bytes.extend_from_slice(big.as_bytes());
     bytes.extend_from_slice(&[0; 1024]);
-    assert!(matches!(s.install(bytes), Err(InstallError::FileTooLarge { .. })));
+    assert!(matches!(
+        s.install(bytes),
+        Err(InstallError::FileTooLarge { .. })
+    ));
     assert!(names(&s.target).is_empty());
 }
 
 #[test]
 fn unsupported_members_and_records_are_rejected() {
     let s = Scratch::new();
-    let archive = Hostile::new().root().raw(header(EntryType::GNUSparse, b"sparse", 0), b"").finish();
+    let archive = Hostile::new()
+        .root()
+        .raw(header(EntryType::GNUSparse, b"sparse", 0), b"")
+        .finish();
     assert!(matches!(
         s.install(archive),
         Err(InstallError::UnsupportedEntry { kind: 'S', .. })
@@ -385,35 +450,53 @@ fn unsupported_members_and_records_are_rejected() {
     ));
     for key in ["size", "GNU.sparse.map"] {
         let s = Scratch::new();
-        let archive = Hostile::new().root().pax(&[(key, b"1")]).file("f", b"x").finish();
+        let archive = Hostile::new()
+            .root()
+            .pax(&[(key, b"1")])
+            .file("f", b"x")
+            .finish();
         match s.install(archive).unwrap_err() {
             InstallError::UnsupportedExtension { key: k, .. } => assert_eq!(k, key),
             other => panic!("unexpected {other:?}"),
         }
     }
     let s = Scratch::new();
+    let mut symlink_with_data = header(EntryType::Symlink, b"l", 4);
+    symlink_with_data.as_old_mut().linkname[..1].copy_from_slice(b"t");
     let archive = Hostile::new()
         .root()
-        .raw(header(EntryType::Symlink, b"l", 4), b"data")
+        .raw(symlink_with_data, b"data")
         .finish();
-    assert!(matches!(s.install(archive), Err(InstallError::UnexpectedData { size: 4, .. })));
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::UnexpectedData { size: 4, .. })
+    ));
     let s = Scratch::new();
     let archive = Hostile::new().file(".", b"").finish();
-    assert!(matches!(s.install(archive), Err(InstallError::RootNotDirectory { .. })));
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::RootNotDirectory { .. })
+    ));
     // A PAX header claiming more than the extension limit is refused before it is read.
     let s = Scratch::new();
     let archive = Hostile::new()
         .root()
         .raw(header(EntryType::XHeader, b"pax", 64 << 20), b"")
         .finish();
-    assert!(matches!(s.install(archive), Err(InstallError::ExtensionTooLarge { .. })));
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::ExtensionTooLarge { .. })
+    ));
     let s = Scratch::new();
     let archive = Hostile::new()
         .root()
         .raw(header(EntryType::XHeader, b"pax", 5), b"1 a=b")
         .file("f", b"x")
         .finish();
-    assert!(matches!(s.install(archive), Err(InstallError::MalformedExtension { .. })));
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::MalformedExtension { .. })
+    ));
 }
 
 #[test]
@@ -425,7 +508,11 @@ fn forbidden_xattrs_are_rejected() {
         ("BELAYER.xattrhex.zz", "malformed hex name"),
     ] {
         let s = Scratch::new();
-        let archive = Hostile::new().root().pax(&[(key, b"v")]).file("f", b"x").finish();
+        let archive = Hostile::new()
+            .root()
+            .pax(&[(key, b"v")])
+            .file("f", b"x")
+            .finish();
         match s.install(archive).unwrap_err() {
             InstallError::ForbiddenXattr { reason: r, .. } => assert_eq!(r, reason, "{key}"),
             other => panic!("{key}: unexpected {other:?}"),
@@ -434,25 +521,49 @@ fn forbidden_xattrs_are_rejected() {
     }
     let s = Scratch::new();
     let big = vec![0u8; 65537];
-    let archive = Hostile::new().root().pax(&[("SCHILY.xattr.user.big", &big)]).file("f", b"x").finish();
+    let archive = Hostile::new()
+        .root()
+        .pax(&[("SCHILY.xattr.user.big", &big)])
+        .file("f", b"x")
+        .finish();
     assert!(matches!(
         s.install(archive),
-        Err(InstallError::ForbiddenXattr { reason: "value larger than 64 KiB", .. })
+        Err(InstallError::ForbiddenXattr {
+            reason: "value larger than 64 KiB",
+            ..
+        })
     ));
 }
 
 #[test]
 fn duplicates_are_never_overwritten() {
     let s = Scratch::new();
-    let archive = Hostile::new().root().file("a", b"first").file("a", b"second").finish();
-    assert!(matches!(s.install(archive), Err(InstallError::DuplicateEntry { .. })));
+    let archive = Hostile::new()
+        .root()
+        .file("a", b"first")
+        .file("a", b"second")
+        .finish();
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::DuplicateEntry { .. })
+    ));
     assert_eq!(fs::read(s.target.join("a")).unwrap(), b"first");
     let s = Scratch::new();
-    let archive = Hostile::new().root().link(EntryType::Symlink, "a", "/etc/passwd").file("a", b"x").finish();
-    assert!(matches!(s.install(archive), Err(InstallError::DuplicateEntry { .. })));
+    let archive = Hostile::new()
+        .root()
+        .link(EntryType::Symlink, "a", "/etc/passwd")
+        .file("a", b"x")
+        .finish();
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::DuplicateEntry { .. })
+    ));
     let s = Scratch::new();
     let archive = Hostile::new().root().root().finish();
-    assert!(matches!(s.install(archive), Err(InstallError::DuplicateEntry { .. })));
+    assert!(matches!(
+        s.install(archive),
+        Err(InstallError::DuplicateEntry { .. })
+    ));
 }
 
 #[test]
@@ -462,19 +573,29 @@ fn truncated_archives_and_busy_targets_are_rejected() {
     let s = Scratch::new();
     let err = s.install(full[..512 * 2 + 1000].to_vec()).unwrap_err();
     assert!(
-        matches!(err, InstallError::ArchiveTruncated { expected: 4096, .. } | InstallError::ReadArchive { .. }),
+        matches!(
+            err,
+            InstallError::ArchiveTruncated { expected: 4096, .. }
+                | InstallError::ReadArchive { .. }
+        ),
         "{err:?}"
     );
     // Cut at a member boundary, before the end-of-archive marker.
     let s = Scratch::new();
     let err = s.install(full[..full.len() - 1024].to_vec()).unwrap_err();
-    assert!(matches!(err, InstallError::MissingEndOfArchive { .. }), "{err:?}");
+    assert!(
+        matches!(err, InstallError::MissingEndOfArchive { .. }),
+        "{err:?}"
+    );
     // Extension headers with no member after them.
     let s = Scratch::new();
     let mut dangling = Hostile::new().root().pax(&[("mtime", b"1.5")]).finish();
     dangling.truncate(dangling.len() - 1024);
     dangling.extend_from_slice(&[0; 1024]);
-    assert!(matches!(s.install(dangling), Err(InstallError::MisplacedExtension { .. })));
+    assert!(matches!(
+        s.install(dangling),
+        Err(InstallError::MisplacedExtension { .. })
+    ));
     // The target must be empty.
     let s = Scratch::new();
     fs::write(s.target.join("existing"), b"keep").unwrap();

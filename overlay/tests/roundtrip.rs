@@ -80,14 +80,21 @@ fn change_through_merged(m: &Path) {
     setxattr(&m.join("xattr_me"), "user.origin", b"lower");
     fs::write(m.join("new_with_xattr"), b"x").unwrap();
     setxattr(&m.join("new_with_xattr"), "user.a", b"1");
-    setxattr(&m.join("new_with_xattr"), "user.binary", &[0, 1, 2, 255, b'\n']);
+    setxattr(
+        &m.join("new_with_xattr"),
+        "user.binary",
+        &[0, 1, 2, 255, b'\n'],
+    );
     setxattr(&m.join("new_with_xattr"), "user.with=equals", b"eq");
     fs::create_dir(m.join("xdir")).unwrap();
     setxattr(&m.join("xdir"), "user.dir", b"yes");
     // chmod with setuid.
     fs::set_permissions(m.join("chmod_me"), fs::Permissions::from_mode(0o4751)).unwrap();
     // Copy-up of a bigger file with an append.
-    let mut f = fs::OpenOptions::new().append(true).open(m.join("append_me")).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.join("append_me"))
+        .unwrap();
     f.write_all(b"tail").unwrap();
     drop(f);
     // Empty file and a file with a hole.
@@ -121,7 +128,14 @@ fn change_through_merged(m: &Path) {
     fs::write(m.join("mixed/upper_file"), b"from upper").unwrap();
     fs::write(m.join("etc/hosts"), b"10.0.0.1 sandbox\n").unwrap();
     // Fifo.
-    rustix::fs::mknodat(CWD, m.join("fifo"), FileType::Fifo, Mode::from_raw_mode(0o640), 0).unwrap();
+    rustix::fs::mknodat(
+        CWD,
+        m.join("fifo"),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
     // Long names: a 255-byte component, a path over 100 bytes, a non-UTF-8 name.
     fs::write(m.join("L".repeat(255)), b"long name").unwrap();
     let deep = m.join("deep").join("d".repeat(60)).join("e".repeat(60));
@@ -147,8 +161,15 @@ fn capture_install_and_remount_reproduce_the_merged_view() {
 
     // What the upper layer now holds, as overlayfs made it.
     let wh = fs::symlink_metadata(first.upper.join("gone.txt")).unwrap();
-    assert!(wh.file_type().is_char_device() && wh.rdev() == 0, "whiteout");
-    let opaque = rustix::fs::lgetxattr(first.upper.join("olddir"), "trusted.overlay.opaque", &mut [0u8; 8][..]);
+    assert!(
+        wh.file_type().is_char_device() && wh.rdev() == 0,
+        "whiteout"
+    );
+    let opaque = rustix::fs::lgetxattr(
+        first.upper.join("olddir"),
+        "trusted.overlay.opaque",
+        &mut [0u8; 8][..],
+    );
     assert_eq!(opaque, Ok(1));
 
     // Capture while mounted, as the checkpoint does.
@@ -168,11 +189,19 @@ fn capture_install_and_remount_reproduce_the_merged_view() {
     let wh = fs::symlink_metadata(second.upper.join("gone.txt")).unwrap();
     assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
     let mut value = [0u8; 8];
-    let n = rustix::fs::lgetxattr(second.upper.join("olddir"), "trusted.overlay.opaque", &mut value[..]).unwrap();
+    let n = rustix::fs::lgetxattr(
+        second.upper.join("olddir"),
+        "trusted.overlay.opaque",
+        &mut value[..],
+    )
+    .unwrap();
     assert_eq!(&value[..n], b"y");
     let ro = fs::symlink_metadata(second.upper.join("ro/inner")).unwrap();
     assert_eq!(ro.mode() & 0o7777, 0o500);
-    assert_eq!(fs::read(second.upper.join("ro/inner/file")).unwrap(), b"inside read-only dirs");
+    assert_eq!(
+        fs::read(second.upper.join("ro/inner/file")).unwrap(),
+        b"inside read-only dirs"
+    );
 
     let mount2 = OverlayMount::mount(&lower, &second.upper, &second.work, &second.merged).unwrap();
     assert_same_tree(&first.merged, &second.merged, &[]);
@@ -185,23 +214,47 @@ fn capture_install_and_remount_reproduce_the_merged_view() {
     let mut olddir = common::names(&m.join("olddir"));
     olddir.sort();
     assert_eq!(olddir, ["new"], "opaque directory hides the lower content");
-    assert_eq!(common::names(&m.join("mixed")), ["lower_file", "upper_file"]);
-    assert_eq!(fs::read_link(m.join("passwd_link")).unwrap(), Path::new("/etc/passwd"));
-    assert_eq!(fs::read_link(m.join("dangling")).unwrap(), Path::new("nowhere/missing"));
-    let (h1, h2) = (fs::metadata(m.join("hl1")).unwrap(), fs::metadata(m.join("hl2")).unwrap());
+    assert_eq!(
+        common::names(&m.join("mixed")),
+        ["lower_file", "upper_file"]
+    );
+    assert_eq!(
+        fs::read_link(m.join("passwd_link")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert_eq!(
+        fs::read_link(m.join("dangling")).unwrap(),
+        Path::new("nowhere/missing")
+    );
+    let (h1, h2) = (
+        fs::metadata(m.join("hl1")).unwrap(),
+        fs::metadata(m.join("hl2")).unwrap(),
+    );
     assert_eq!(h1.ino(), h2.ino(), "hardlink pair restored");
     let owned = fs::metadata(m.join("owned")).unwrap();
-    assert_eq!((owned.uid(), owned.gid(), owned.mtime_nsec()), (1234, 5678, 123_456_789));
-    assert_eq!(fs::metadata(m.join("chmod_me")).unwrap().mode() & 0o7777, 0o4751);
+    assert_eq!(
+        (owned.uid(), owned.gid(), owned.mtime_nsec()),
+        (1234, 5678, 123_456_789)
+    );
+    assert_eq!(
+        fs::metadata(m.join("chmod_me")).unwrap().mode() & 0o7777,
+        0o4751
+    );
     assert_eq!(fs::metadata(m.join("holey")).unwrap().len(), (12 << 20) + 5);
-    assert!(fs::symlink_metadata(m.join("fifo")).unwrap().file_type().is_fifo());
+    assert!(fs::symlink_metadata(m.join("fifo"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
     assert_eq!(fs::symlink_metadata(m).unwrap().mode() & 0o7777, 0o751);
 
     // Digests see lower content through both mounts and react to a change in one of them.
     let before = tree_digest(m, &[]).unwrap();
     fs::write(m.join("keep.txt"), b"KEEP").unwrap();
     assert_ne!(tree_digest(m, &[]).unwrap(), before);
-    assert_eq!(tree_listing(m, &[]).unwrap().len(), tree_listing(&first.merged, &[]).unwrap().len());
+    assert_eq!(
+        tree_listing(m, &[]).unwrap().len(),
+        tree_listing(&first.merged, &[]).unwrap().len()
+    );
 
     drop(mount2);
     assert!(!is_mountpoint(&second.merged).unwrap());
@@ -226,12 +279,18 @@ fn capture_is_deterministic_and_install_is_a_fixed_point() {
     let again = root.join("again");
     fs::create_dir(&again).unwrap();
     install_upper(&a, &again, &InstallLimits::default()).unwrap();
-    assert_eq!(tree_listing(&first.upper, &[]).unwrap(), tree_listing(&again, &[]).unwrap());
+    assert_eq!(
+        tree_listing(&first.upper, &[]).unwrap(),
+        tree_listing(&again, &[]).unwrap()
+    );
     // Two captures of the same (unmounted) layer are byte-identical.
     let (b, c) = (root.join("b.tar"), root.join("c.tar"));
     capture_upper(&again, &b).unwrap();
     capture_upper(&again, &c).unwrap();
-    assert!(fs::read(&b).unwrap() == fs::read(&c).unwrap(), "captures differ");
+    assert!(
+        fs::read(&b).unwrap() == fs::read(&c).unwrap(),
+        "captures differ"
+    );
     // Installing the re-capture gives the same layer again.
     let third = root.join("third");
     fs::create_dir(&third).unwrap();

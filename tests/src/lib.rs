@@ -252,10 +252,11 @@ impl Daemon {
         }
     }
 
-    /// The sandbox's root as the test (host) sees it, through `/proc/<init>/root`.
+    /// The sandbox's root filesystem as the host sees it: the overlay merged dir of its current
+    /// instance (without the sandbox's own /proc and /dev mounts).
     pub fn root(&self, id: &str) -> PathBuf {
-        let pid = self.inspect(id).init_pid.expect("init pid");
-        PathBuf::from(format!("/proc/{pid}/root"))
+        let n = self.inspect(id).instance;
+        self.state_dir.join("sandboxes").join(id).join(format!("inst-{n}")).join("merged")
     }
 }
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test command (as root): machine set-up, then format check, lints, build and the whole test
+# suite against the real kernel and CRIU. Exits non-zero on the first failure.
+#
+# Usage: scripts/test.sh [extra arguments for `cargo test --workspace`, e.g. -- --test-threads=1]
+# Environment: CARGO_TARGET_DIR (default: the repository's target/), CI=true (no colours),
+#              BELAYER_CACHE (see scripts/setup.sh).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# setup.sh prints `export NAME=value` lines: the test image paths (BELAYER_TEST_BUSYBOX_ROOTFS,
+# BELAYER_TEST_PYTHON_ROOTFS) and the CRIU binary.
+setup_env=$(bash scripts/setup.sh)
+eval "$setup_env"
+
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+export RUST_BACKTRACE=1
+if [ "${CI:-}" = true ]; then
+  export CARGO_TERM_COLOR=never NO_COLOR=1
+fi
+
+step() {
+  local start=$SECONDS
+  printf '[test] %s\n' "$*" >&2
+  "$@"
+  printf '[test] ok in %d s: %s\n' "$((SECONDS - start))" "$*" >&2
+}
+
+step cargo fmt --all -- --check
+step cargo clippy --workspace --all-targets -- -D warnings
+step cargo build --workspace --bins
+step cargo test --workspace "$@"
