@@ -14,7 +14,11 @@
 set -euo pipefail
 
 CACHE=${BELAYER_CACHE:-/var/cache/belayer}
-CRIU_VERSION=4.1.1
+# CRIU 4.2.1: 4.1.1 cannot dump any TCP/UDP socket on kernels >= 6.16, where getsockopt of
+# SO_PASSCRED/SO_PASSSEC on non-Unix sockets fails with EOPNOTSUPP ("sockets: Can't get 1:34
+# opt"); 4.2 only reads those options on Unix and netlink sockets. Debian ships 4.2.1 in sid.
+CRIU_VERSION=4.2.1
+CRIU_SUITE=sid
 CRIU_BIN=/usr/local/sbin/criu
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 IMAGES="$CACHE/images"
@@ -65,12 +69,15 @@ install_criu() {
     local tarball="$CACHE/criu_$CRIU_VERSION.orig.tar.xz"
     if [ ! -f "$tarball" ]; then
       log "fetching CRIU $CRIU_VERSION source"
-      local list=/etc/apt/sources.list.d/belayer-trixie-src.list mirror
+      local list=/etc/apt/sources.list.d/belayer-criu-src.list mirror
       mirror=$(debian_mirror)
-      [ -f "$list" ] || echo "deb-src $mirror trixie main" > "$list"
+      rm -f /etc/apt/sources.list.d/belayer-trixie-src.list
+      echo "deb-src $mirror $CRIU_SUITE main" > "$list"
       apt-get update -qq
-      # The .dsc may answer 404 while the orig tarball downloads: check for the tarball.
+      # The Debian packaging files may answer 404 while the orig tarball downloads: check for
+      # the tarball, not the exit code.
       (cd "$CACHE" && { apt-get source --download-only "criu=$CRIU_VERSION-1" >/dev/null 2>&1 || true; })
+      rm -f "$list"
       [ -f "$tarball" ] || die "could not fetch $tarball"
     fi
     rm -rf "$src" && mkdir -p "$src"
@@ -88,11 +95,7 @@ install_rust() {
   local toolchain
   toolchain=$(sed -n 's/^[[:space:]]*channel[[:space:]]*=[[:space:]]*"\([^"]*\)".*/\1/p' "$REPO_ROOT/rust-toolchain.toml")
   [ -n "$toolchain" ] || die "no channel in $REPO_ROOT/rust-toolchain.toml"
-  if ! command -v rustup >/dev/null; then
-    log "installing rustup"
-    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
-      | sh -s -- -y --no-modify-path --profile minimal --default-toolchain none >/dev/null
-  fi
+  command -v rustup >/dev/null || die "rustup is required (install the Rust toolchain manager first)"
   local have
   have=$(rustup component list --installed --toolchain "$toolchain" 2>/dev/null || true)
   if ! grep -q '^rustc' <<<"$have" || ! grep -q '^clippy' <<<"$have" || ! grep -q '^rustfmt' <<<"$have"; then

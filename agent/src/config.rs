@@ -90,31 +90,56 @@ impl Config {
     /// Loads `path`; a missing file at the default location yields the defaults.
     pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
-            Ok(text) => toml::from_str(&text)
-                .map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => Ok(Config::default()),
-            Err(source) => Err(ConfigError::Read { path: path.to_path_buf(), source }),
+            Ok(text) => toml::from_str(&text).map_err(|source| ConfigError::Parse {
+                path: path.to_path_buf(),
+                source,
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                Ok(Config::default())
+            }
+            Err(source) => Err(ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            }),
         }
     }
 
     /// Checks value ranges.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if !self.state_dir.is_absolute() {
-            return Err(ConfigError::Invalid { field: "state_dir", reason: "must be absolute" });
+            return Err(ConfigError::Invalid {
+                field: "state_dir",
+                reason: "must be absolute",
+            });
         }
         if !self.socket.is_absolute() {
-            return Err(ConfigError::Invalid { field: "socket", reason: "must be absolute" });
+            return Err(ConfigError::Invalid {
+                field: "socket",
+                reason: "must be absolute",
+            });
         }
         if self.max_frame_bytes < 4096 {
-            return Err(ConfigError::Invalid { field: "max_frame_bytes", reason: "below 4096" });
+            return Err(ConfigError::Invalid {
+                field: "max_frame_bytes",
+                reason: "below 4096",
+            });
         }
         if self.cgroup_parent.is_empty()
-            || self.cgroup_parent.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+            || self
+                .cgroup_parent
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
         {
-            return Err(ConfigError::Invalid { field: "cgroup_parent", reason: "not a relative path" });
+            return Err(ConfigError::Invalid {
+                field: "cgroup_parent",
+                reason: "not a relative path",
+            });
         }
         if self.freeze_timeout_ms == 0 {
-            return Err(ConfigError::Invalid { field: "freeze_timeout_ms", reason: "must be > 0" });
+            return Err(ConfigError::Invalid {
+                field: "freeze_timeout_ms",
+                reason: "must be > 0",
+            });
         }
         Ok(())
     }

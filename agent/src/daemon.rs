@@ -73,7 +73,10 @@ fn error(code: ErrorCode, e: &dyn std::error::Error) -> Response {
 }
 
 fn unknown(id: &str) -> Response {
-    Response::Error(ErrorReply { code: ErrorCode::UnknownSandbox, message: format!("unknown sandbox {id}") })
+    Response::Error(ErrorReply {
+        code: ErrorCode::UnknownSandbox,
+        message: format!("unknown sandbox {id}"),
+    })
 }
 
 impl Agent {
@@ -89,17 +92,30 @@ impl Agent {
                 tracing::info!(mode = ?cache.mode(), "CRIU kernel-feature cache ready");
                 cache.leak();
             }
-            Err(e) => tracing::warn!(error = %e, "no CRIU kernel-feature cache: every dump re-probes"),
+            Err(e) => {
+                tracing::warn!(error = %e, "no CRIU kernel-feature cache: every dump re-probes")
+            }
         }
         CgroupLayout::detect()?;
         sys::set_child_subreaper()?;
-        fs::create_dir_all(config.state_dir.join("sandboxes"))
-            .map_err(|source| StartError::StateDir { path: config.state_dir.clone(), source })?;
+        fs::create_dir_all(config.state_dir.join("sandboxes")).map_err(|source| {
+            StartError::StateDir {
+                path: config.state_dir.clone(),
+                source,
+            }
+        })?;
         let images = ImageStore::open(&config.state_dir)?;
-        let helper_exe = crate::helper::self_exe()
-            .map_err(|source| StartError::StateDir { path: "/proc/self/exe".into(), source })?;
+        let helper_exe = crate::helper::self_exe().map_err(|source| StartError::StateDir {
+            path: "/proc/self/exe".into(),
+            source,
+        })?;
         let agent = Arc::new(Agent {
-            rt: Runtime { config, images, criu, helper_exe },
+            rt: Runtime {
+                config,
+                images,
+                criu,
+                helper_exe,
+            },
             sandboxes: Mutex::new(HashMap::new()),
         });
         agent.adopt();
@@ -111,7 +127,10 @@ impl Agent {
                 let Some(agent) = weak.upgrade() else { break };
                 agent.reap();
             })
-            .map_err(|source| StartError::StateDir { path: "reaper thread".into(), source })?;
+            .map_err(|source| StartError::StateDir {
+                path: "reaper thread".into(),
+                source,
+            })?;
         Ok(agent)
     }
 
@@ -130,7 +149,11 @@ impl Agent {
 
     /// Reaps exited sandbox inits (they are our children, directly or as subreaper).
     fn reap(&self) {
-        let pids: Vec<i32> = self.registry().values().filter_map(|s| s.record().init_pid).collect();
+        let pids: Vec<i32> = self
+            .registry()
+            .values()
+            .filter_map(|s| s.record().init_pid)
+            .collect();
         for pid in pids {
             sys::try_reap(pid);
         }
@@ -139,7 +162,9 @@ impl Agent {
     /// Loads every sandbox of the state dir after a (re)start.
     fn adopt(&self) {
         let dir = self.rt.config.state_dir.join("sandboxes");
-        let Ok(entries) = fs::read_dir(&dir) else { return };
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return;
+        };
         for e in entries.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
             let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
@@ -150,7 +175,10 @@ impl Agent {
                     continue;
                 }
             };
-            if matches!(rec.state, SandboxState::Checkpointing | SandboxState::Restoring) {
+            if matches!(
+                rec.state,
+                SandboxState::Checkpointing | SandboxState::Restoring
+            ) {
                 // Interrupted by a crash: let a dump the previous daemon started finish (it
                 // restores the freezer state it found when it exits), then thaw, and discard
                 // any unpublished checkpoint.
@@ -171,8 +199,12 @@ impl Agent {
             if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
                 match store.discard_unpublished() {
                     Ok(0) => {}
-                    Ok(n) => tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints"),
-                    Err(err) => tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store"),
+                    Ok(n) => {
+                        tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints")
+                    }
+                    Err(err) => {
+                        tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store")
+                    }
                 }
             }
             if rec.state == SandboxState::Running && !rec.init_alive() {
@@ -182,7 +214,8 @@ impl Agent {
                 tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
             }
             tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
-            self.registry().insert(id, Arc::new(SandboxSlot::new(rec, paths)));
+            self.registry()
+                .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
         }
     }
 
@@ -209,12 +242,15 @@ impl Agent {
         for slot in slots {
             let _op = slot.lock_op();
             let rec = slot.record().clone();
-            let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else { continue };
+            let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else {
+                continue;
+            };
             let tagged = tag.is_some() && rec.spec.tag.as_deref() == tag;
             let ready = store.ready().ok().flatten();
             let Ok(list) = store.list() else { continue };
             for m in list {
-                let old = older_than_s.is_some_and(|s| now.saturating_sub(m.created_unix_ms) >= s * 1000);
+                let old =
+                    older_than_s.is_some_and(|s| now.saturating_sub(m.created_unix_ms) >= s * 1000);
                 let is_ready = ready.as_deref() == Some(m.checkpoint.as_str());
                 if tagged || (old && !is_ready) {
                     if is_ready {
@@ -236,7 +272,9 @@ impl Agent {
             version: env!("CARGO_PKG_VERSION").to_string(),
             protocol: PROTOCOL_VERSION,
             criu: self.rt.criu.version().to_string(),
-            cgroup: CgroupLayout::detect().map(|l| l.describe()).unwrap_or_default(),
+            cgroup: CgroupLayout::detect()
+                .map(|l| l.describe())
+                .unwrap_or_default(),
             sandboxes: self.registry().len() as u64,
         })
     }
@@ -244,7 +282,9 @@ impl Agent {
     /// Serves one request.
     pub fn dispatch(&self, request: Request) -> Response {
         match request {
-            Request::Ping => Response::Pong { version: env!("CARGO_PKG_VERSION").to_string() },
+            Request::Ping => Response::Pong {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
             Request::Status => self.status(),
             Request::ImportImage { name, source } => {
                 match self.rt.images.import(&name, std::path::Path::new(&source)) {
@@ -257,7 +297,10 @@ impl Agent {
                 Err(e) => error(ErrorCode::Internal, &e),
             },
             Request::RemoveImage { name } => {
-                let used = self.registry().values().any(|s| s.record().spec.image == name);
+                let used = self
+                    .registry()
+                    .values()
+                    .any(|s| s.record().spec.image == name);
                 if used {
                     return Response::Error(ErrorReply {
                         code: ErrorCode::InUse,
@@ -321,7 +364,8 @@ impl Agent {
             },
             Request::ListCheckpoints { id } => match self.slot(&id) {
                 Some(slot) => {
-                    let list = CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
+                    let list =
+                        CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
                     match list {
                         Ok(ms) => Response::Checkpoints(
                             ms.into_iter()
@@ -351,17 +395,26 @@ fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
     let deadline = std::time::Instant::now() + limit;
     let tree = pid.to_string();
     let running = || {
-        let Ok(entries) = fs::read_dir("/proc") else { return false };
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return false;
+        };
         entries.flatten().any(|e| {
-            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else { return false };
+            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+                return false;
+            };
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
             args.get(1) == Some(&&b"dump"[..])
-                && args.windows(2).any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
         })
     };
     while running() {
         if std::time::Instant::now() > deadline {
-            tracing::warn!(pid, "a CRIU dump of this sandbox is still running; thawing anyway");
+            tracing::warn!(
+                pid,
+                "a CRIU dump of this sandbox is still running; thawing anyway"
+            );
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -371,7 +424,9 @@ fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
 fn image_code(e: &crate::images::ImageError) -> ErrorCode {
     use crate::images::ImageError;
     match e {
-        ImageError::InvalidName(_) | ImageError::Source { .. } | ImageError::NoShell(_) => ErrorCode::BadRequest,
+        ImageError::InvalidName(_) | ImageError::Source { .. } | ImageError::NoShell(_) => {
+            ErrorCode::BadRequest
+        }
         ImageError::AlreadyExists(_) => ErrorCode::AlreadyExists,
         ImageError::Unknown(_) => ErrorCode::UnknownImage,
         _ => ErrorCode::Internal,

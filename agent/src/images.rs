@@ -86,14 +86,19 @@ pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 impl ImageStore {
     /// Opens (creating) the store below `state_dir`.
     pub fn open(state_dir: &Path) -> Result<ImageStore, ImageError> {
         let dir = state_dir.join("images");
-        fs::create_dir_all(&dir).map_err(|source| ImageError::Store { path: dir.clone(), source })?;
+        fs::create_dir_all(&dir).map_err(|source| ImageError::Store {
+            path: dir.clone(),
+            source,
+        })?;
         Ok(ImageStore { dir })
     }
 
@@ -119,9 +124,13 @@ impl ImageStore {
         if final_dir.exists() {
             return Err(ImageError::AlreadyExists(name.to_string()));
         }
-        let meta = fs::metadata(source)
-            .map_err(|e| ImageError::Source { path: source.to_path_buf(), source: e })?;
-        let tmp = self.dir.join(format!(".import-{name}-{}", sys::random_hex(4)));
+        let meta = fs::metadata(source).map_err(|e| ImageError::Source {
+            path: source.to_path_buf(),
+            source: e,
+        })?;
+        let tmp = self
+            .dir
+            .join(format!(".import-{name}-{}", sys::random_hex(4)));
         let rootfs = tmp.join("rootfs");
         let store_err = |path: &Path| {
             let path = path.to_path_buf();
@@ -148,7 +157,11 @@ impl ImageStore {
             let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
             fs::write(tmp.join("image.json"), json).map_err(store_err(&tmp))?;
             fs::rename(&tmp, &final_dir).map_err(store_err(&final_dir))?;
-            Ok(ImageInfo { name: info.name, bytes, created_unix_ms: info.created_unix_ms })
+            Ok(ImageInfo {
+                name: info.name,
+                bytes,
+                created_unix_ms: info.created_unix_ms,
+            })
         })();
         if result.is_err() {
             let _ = fs::remove_dir_all(&tmp);
@@ -159,8 +172,10 @@ impl ImageStore {
     /// Lists images, sorted by name.
     pub fn list(&self) -> Result<Vec<ImageInfo>, ImageError> {
         let mut out = Vec::new();
-        let entries =
-            fs::read_dir(&self.dir).map_err(|source| ImageError::Store { path: self.dir.clone(), source })?;
+        let entries = fs::read_dir(&self.dir).map_err(|source| ImageError::Store {
+            path: self.dir.clone(),
+            source,
+        })?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') {
@@ -168,7 +183,11 @@ impl ImageStore {
             }
             if let Ok(text) = fs::read(entry.path().join("image.json")) {
                 if let Ok(m) = serde_json::from_slice::<ImageMeta>(&text) {
-                    out.push(ImageInfo { name: m.name, bytes: m.bytes, created_unix_ms: m.created_unix_ms });
+                    out.push(ImageInfo {
+                        name: m.name,
+                        bytes: m.bytes,
+                        created_unix_ms: m.created_unix_ms,
+                    });
                 }
             }
         }
@@ -181,8 +200,14 @@ impl ImageStore {
         self.rootfs(name)?;
         let dir = self.dir.join(name);
         let trash = self.dir.join(format!(".rm-{name}-{}", sys::random_hex(4)));
-        fs::rename(&dir, &trash).map_err(|source| ImageError::Store { path: dir.clone(), source })?;
-        fs::remove_dir_all(&trash).map_err(|source| ImageError::Store { path: trash, source })
+        fs::rename(&dir, &trash).map_err(|source| ImageError::Store {
+            path: dir.clone(),
+            source,
+        })?;
+        fs::remove_dir_all(&trash).map_err(|source| ImageError::Store {
+            path: trash,
+            source,
+        })
     }
 }
 
@@ -193,7 +218,10 @@ fn copy_dir(source: &Path, dest: &Path) -> Result<(), ImageError> {
         .arg(source)
         .arg(dest)
         .output()
-        .map_err(|e| ImageError::Source { path: source.to_path_buf(), source: e })?;
+        .map_err(|e| ImageError::Source {
+            path: source.to_path_buf(),
+            source: e,
+        })?;
     if !out.status.success() {
         return Err(ImageError::Copy {
             path: source.to_path_buf(),
@@ -204,7 +232,10 @@ fn copy_dir(source: &Path, dest: &Path) -> Result<(), ImageError> {
 }
 
 fn unpack(archive: &Path, dest: &Path) -> Result<(), ImageError> {
-    let err = |source| ImageError::Unpack { path: archive.to_path_buf(), source };
+    let err = |source| ImageError::Unpack {
+        path: archive.to_path_buf(),
+        source,
+    };
     let mut file = BufReader::new(fs::File::open(archive).map_err(err)?);
     let mut magic = [0u8; 4];
     let n = file.get_mut().read(&mut magic).map_err(err)?;
@@ -270,7 +301,10 @@ mod tests {
         fs::write(src.join("bin/busybox"), b"x").unwrap();
         let store = ImageStore::open(&tmp.path().join("state")).unwrap();
         store.import("dir", &src).unwrap();
-        assert!(matches!(store.import("dir", &src), Err(ImageError::AlreadyExists(_))));
+        assert!(matches!(
+            store.import("dir", &src),
+            Err(ImageError::AlreadyExists(_))
+        ));
         // tar, gzip, zstd
         let tar_path = tmp.path().join("img.tar");
         {
@@ -282,7 +316,10 @@ mod tests {
         let gz = tmp.path().join("img.tar.gz");
         {
             use std::io::Write;
-            let mut e = flate2::write::GzEncoder::new(fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+            let mut e = flate2::write::GzEncoder::new(
+                fs::File::create(&gz).unwrap(),
+                flate2::Compression::fast(),
+            );
             e.write_all(&raw).unwrap();
             e.finish().unwrap();
         }
@@ -298,7 +335,10 @@ mod tests {
         // no shell → rejected, nothing left behind
         let empty = tmp.path().join("empty");
         fs::create_dir(&empty).unwrap();
-        assert!(matches!(store.import("e", &empty), Err(ImageError::NoShell(_))));
+        assert!(matches!(
+            store.import("e", &empty),
+            Err(ImageError::NoShell(_))
+        ));
         assert_eq!(store.list().unwrap().len(), 3);
     }
 }

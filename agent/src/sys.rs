@@ -24,12 +24,20 @@ pub struct SyscallError {
 impl SyscallError {
     /// Builds an error from an errno.
     pub fn new(call: &'static str, what: impl Into<String>, errno: Errno) -> Self {
-        Self { call, what: what.into(), source: std::io::Error::from(errno) }
+        Self {
+            call,
+            what: what.into(),
+            source: std::io::Error::from(errno),
+        }
     }
 
     /// Builds an error from an `io::Error`.
     pub fn io(call: &'static str, what: impl Into<String>, source: std::io::Error) -> Self {
-        Self { call, what: what.into(), source }
+        Self {
+            call,
+            what: what.into(),
+            source,
+        }
     }
 }
 
@@ -43,7 +51,11 @@ pub fn close_range(first: u32, last: u32) -> SysResult<()> {
     // used afterwards.
     let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
     if rc < 0 {
-        return Err(SyscallError::new("close_range", format!("{first}..={last}"), Errno::last()));
+        return Err(SyscallError::new(
+            "close_range",
+            format!("{first}..={last}"),
+            Errno::last(),
+        ));
     }
     Ok(())
 }
@@ -60,7 +72,11 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
     if fd < 0 {
-        return Err(SyscallError::new("pidfd_open", pid.to_string(), Errno::last()));
+        return Err(SyscallError::new(
+            "pidfd_open",
+            pid.to_string(),
+            Errno::last(),
+        ));
     }
     // SAFETY: the syscall returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -69,8 +85,13 @@ pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
 /// Waits until the process behind `pidfd` exits or `timeout_ms` passes (`None` = forever).
 /// Returns `true` when it exited.
 pub fn pidfd_wait(pidfd: BorrowedFd<'_>, timeout_ms: Option<u64>) -> SysResult<bool> {
-    let mut pfd = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let deadline = timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms));
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let deadline =
+        timeout_ms.map(|ms| std::time::Instant::now() + std::time::Duration::from_millis(ms));
     loop {
         let wait = match deadline {
             None => -1,
@@ -110,7 +131,11 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> SysResult<()> {
         )
     };
     if rc < 0 {
-        return Err(SyscallError::new("pidfd_send_signal", signal.to_string(), Errno::last()));
+        return Err(SyscallError::new(
+            "pidfd_send_signal",
+            signal.to_string(),
+            Errno::last(),
+        ));
     }
     Ok(())
 }
@@ -141,7 +166,11 @@ pub fn set_child_subreaper() -> SysResult<()> {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag and no pointers.
     let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if rc < 0 {
-        return Err(SyscallError::new("prctl", "PR_SET_CHILD_SUBREAPER", Errno::last()));
+        return Err(SyscallError::new(
+            "prctl",
+            "PR_SET_CHILD_SUBREAPER",
+            Errno::last(),
+        ));
     }
     Ok(())
 }
@@ -157,8 +186,10 @@ pub fn try_reap(pid: i32) -> bool {
 
 /// fsyncs a file or directory by path.
 pub fn fsync_path(path: &Path) -> SysResult<()> {
-    let f = fs::File::open(path).map_err(|e| SyscallError::io("open", path.display().to_string(), e))?;
-    f.sync_all().map_err(|e| SyscallError::io("fsync", path.display().to_string(), e))
+    let f = fs::File::open(path)
+        .map_err(|e| SyscallError::io("open", path.display().to_string(), e))?;
+    f.sync_all()
+        .map_err(|e| SyscallError::io("fsync", path.display().to_string(), e))
 }
 
 /// Random hex string of `bytes` random bytes (from `getrandom`).
@@ -239,7 +270,10 @@ mod tests {
 
     #[test]
     fn pidfd_wait_sees_exit() {
-        let mut child = std::process::Command::new("sleep").arg("0.05").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.05")
+            .spawn()
+            .unwrap();
         let fd = pidfd_open(child.id() as i32).unwrap();
         use std::os::fd::AsFd;
         assert!(!pidfd_wait(fd.as_fd(), Some(1)).unwrap());

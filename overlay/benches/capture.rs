@@ -1,5 +1,6 @@
 //! Capture and install timings for an upper layer holding one 50 MB file and 1000 small
-//! files (page cache warm). Run: `cargo bench -p belayer-overlay --bench capture`.
+//! files (page cache warm). Run: `cargo bench -p belayer-overlay --bench capture`
+//! (`BELAYER_BENCH_DIR=/dev/shm` to measure on tmpfs instead of the temp dir's filesystem).
 //! Prints one table row per operation: min / median / max over the iterations, in ms.
 
 use std::path::{Path, PathBuf};
@@ -96,8 +97,13 @@ fn leak(s: String) -> &'static str {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; nothing to parse.
-    let scratch = tempfile::tempdir().unwrap();
+    // `cargo bench` passes `--bench`; nothing to parse. BELAYER_BENCH_DIR picks the
+    // filesystem to measure on (default: the system temp dir).
+    let scratch = match std::env::var_os("BELAYER_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    println!("scratch directory: {}", scratch.path().display());
     let cases = [
         ("50MB+1000 files", true, true),
         ("50MB file", true, false),

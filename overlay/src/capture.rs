@@ -282,6 +282,12 @@ impl Capture {
             name.extend_from_slice(if rel.is_empty() { b"./" } else { b"/" });
             return self.append(&name, entry.stat, &xattrs, Member::Directory);
         }
+        if kind == FileType::Socket {
+            // Before hardlink tracking: a skipped socket must never become a link target.
+            tracing::warn!(path = %rel_path(rel).display(), "skipping unix socket in upper layer");
+            self.stats.skipped_sockets += 1;
+            return Ok(());
+        }
         if entry.stat.stx_nlink > 1 {
             let key = (
                 entry.stat.stx_dev_major,
@@ -339,11 +345,6 @@ impl Capture {
                     },
                 };
                 self.append(rel, entry.stat, &xattrs, member)
-            }
-            FileType::Socket => {
-                tracing::warn!(path = %rel_path(rel).display(), "skipping unix socket in upper layer");
-                self.stats.skipped_sockets += 1;
-                Ok(())
             }
             _ => Err(CaptureError::UnsupportedFileType {
                 path: rel_path(rel),
@@ -684,6 +685,24 @@ mod tests {
             "{err}"
         );
         assert!(!archive.exists());
+    }
+
+    #[test]
+    fn sockets_are_skipped_and_never_become_link_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let upper = dir.path().join("upper");
+        std::fs::create_dir(&upper).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(upper.join("a.sock")).unwrap();
+        std::fs::hard_link(upper.join("a.sock"), upper.join("b.sock")).unwrap();
+        std::fs::write(upper.join("file"), b"x").unwrap();
+        let archive = dir.path().join("a.tar");
+        let stats = capture_upper(&upper, &archive).unwrap();
+        assert_eq!((stats.entries, stats.skipped_sockets), (2, 2));
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        crate::install_upper(&archive, &target, &InstallLimits::default()).unwrap();
+        assert_eq!(std::fs::read(target.join("file")).unwrap(), b"x");
+        assert!(!target.join("b.sock").exists());
     }
 
     #[test]

@@ -36,8 +36,8 @@
 //! (`seconds.nanoseconds`), and one `SCHILY.xattr.<name>` record per extended attribute
 //! (`BELAYER.xattrhex.<hex name>` for names that are not UTF-8 or contain `=`). A second
 //! and later link to an inode is a tar hardlink member naming the first. Whiteouts and
-//! other device nodes are character/block members, fifos fifo members; sockets are
-//! skipped. The stream ends with two zero blocks, which install checks for. Regular-file
+//! other device nodes are character/block members (install accepts only 0:0), fifos fifo
+//! members; sockets are skipped (counted in [`CaptureStats::skipped_sockets`]). The stream ends with two zero blocks, which install checks for. Regular-file
 //! content is copied by the kernel (`copy_file_range`) straight into the archive file.
 //! Holes are archived as zeros (no sparse members).
 //!
@@ -71,17 +71,20 @@
 //!   headers (memory exhaustion); data on non-regular members; more members, more bytes
 //!   or a bigger file than [`InstallLimits`] (disk exhaustion); a missing end marker.
 //! - What is *accepted* is what the sandbox could create itself: setuid/setgid files owned
-//!   by any uid (the upper directory must sit in a root-only directory on the host, and
-//!   sandboxes mount it `nosuid` or in a user namespace), `trusted.overlay.*` attributes
-//!   (redirects and origins only ever resolve inside the lower layers of the same mount).
+//!   by any uid (they matter only to whoever can reach them, so upper directories must sit
+//!   in a root-only directory on the host), and `trusted.overlay.*` attributes (redirects
+//!   and origins only ever resolve inside the lower layers of the same mount).
 //!
 //! # Dependencies
 //!
 //! - `rustix`: safe wrappers for every syscall used (`openat2`, `statx`, `*at`, xattrs,
 //!   `copy_file_range`, `pread`/`pwrite`, the new mount API, `umount2`), so the crate needs
 //!   no `unsafe`.
-//! - `tar`: the tar format (header layout, checksums, PAX records, reading members); this
-//!   crate builds every header itself and never uses the crate's path-following helpers.
+//! - `tar`: the tar format (header layout, numeric fields, checksums, writing PAX blocks,
+//!   iterating members); this crate builds every header itself and never uses the crate's
+//!   path-following helpers (`append_path`, `append_dir_all`, `unpack`). PAX records are
+//!   parsed here, by length: the crate's own parser splits on newlines, which extended
+//!   attribute values may contain.
 //! - `blake3`: fast cryptographic hashing for [`file_digest`] and [`tree_digest`].
 //! - `thiserror`: the per-module error enums. `tracing`: structured logs.
 //!

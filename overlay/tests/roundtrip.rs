@@ -41,6 +41,7 @@ fn build_lower(lower: &Path) {
     fs::create_dir(lower).unwrap();
     fs::write(lower.join("keep.txt"), b"keep").unwrap();
     fs::write(lower.join("gone.txt"), b"to be deleted").unwrap();
+    fs::write(lower.join("gone2.txt"), b"also deleted").unwrap();
     fs::write(lower.join("rename_me.txt"), b"renamed content").unwrap();
     fs::write(lower.join("chmod_me"), b"#!/bin/sh\n").unwrap();
     fs::write(lower.join("xattr_me"), b"attrs").unwrap();
@@ -60,8 +61,9 @@ fn setxattr(path: &Path, name: &str, value: &[u8]) {
 
 /// Every kind of change the layer format must carry, made through the merged view.
 fn change_through_merged(m: &Path) {
-    // Whiteout.
+    // Whiteouts (overlayfs may hardlink them to one shared whiteout inode).
     fs::remove_file(m.join("gone.txt")).unwrap();
+    fs::remove_file(m.join("gone2.txt")).unwrap();
     // Opaque directory: remove a lower directory, create one of the same name.
     fs::remove_dir_all(m.join("olddir")).unwrap();
     fs::create_dir(m.join("olddir")).unwrap();
@@ -188,6 +190,12 @@ fn capture_install_and_remount_reproduce_the_merged_view() {
     assert_same_tree(&first.upper, &second.upper, &[]);
     let wh = fs::symlink_metadata(second.upper.join("gone.txt")).unwrap();
     assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+    let ino = |upper: &Path, name: &str| fs::symlink_metadata(upper.join(name)).unwrap().ino();
+    assert_eq!(
+        ino(&first.upper, "gone.txt") == ino(&first.upper, "gone2.txt"),
+        ino(&second.upper, "gone.txt") == ino(&second.upper, "gone2.txt"),
+        "whiteout sharing reproduced"
+    );
     let mut value = [0u8; 8];
     let n = rustix::fs::lgetxattr(
         second.upper.join("olddir"),
@@ -209,6 +217,7 @@ fn capture_install_and_remount_reproduce_the_merged_view() {
     // Spot checks through the restored merged view.
     let m = &second.merged;
     assert!(!m.join("gone.txt").exists());
+    assert!(!m.join("gone2.txt").exists());
     assert!(!m.join("rename_me.txt").exists());
     assert_eq!(fs::read(m.join("renamed.txt")).unwrap(), b"renamed content");
     let mut olddir = common::names(&m.join("olddir"));

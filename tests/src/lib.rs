@@ -28,7 +28,11 @@ pub fn bin_dir() -> PathBuf {
 /// Path of a workspace binary; panics with a hint when it was not built.
 pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(p.is_file(), "{} not built: run `cargo build --workspace --bins` first", p.display());
+    assert!(
+        p.is_file(),
+        "{} not built: run `cargo build --workspace --bins` first",
+        p.display()
+    );
     p
 }
 
@@ -68,11 +72,21 @@ impl Daemon {
 
     /// Starts a daemon, with or without test hooks.
     pub fn start_with(test_hooks: bool) -> Daemon {
-        let dir = tempfile::Builder::new().prefix("belayer-e2e-").tempdir_in("/var/tmp").expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("belayer-e2e-")
+            .tempdir_in("/var/tmp")
+            .expect("tempdir");
         let socket = dir.path().join("belayer.sock");
         let state_dir = dir.path().join("state");
         let log = dir.path().join("belayerd.log");
-        let mut d = Daemon { socket, state_dir, dir, child: None, log, test_hooks };
+        let mut d = Daemon {
+            socket,
+            state_dir,
+            dir,
+            child: None,
+            log,
+            test_hooks,
+        };
         d.spawn();
         d
     }
@@ -84,7 +98,11 @@ impl Daemon {
     }
 
     fn try_spawn(&mut self) -> Result<(), String> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).expect("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
         let mut cmd = Command::new(bin("belayerd"));
         if self.test_hooks {
             cmd.arg("--test-hooks");
@@ -110,9 +128,16 @@ impl Daemon {
                     return Ok(());
                 }
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 self.child = None;
-                return Err(format!("belayerd exited with {status}:\n{}", self.log_text()));
+                return Err(format!(
+                    "belayerd exited with {status}:\n{}",
+                    self.log_text()
+                ));
             }
             if Instant::now() > deadline {
                 return Err(format!("belayerd did not answer:\n{}", self.log_text()));
@@ -158,8 +183,15 @@ impl Daemon {
 
     /// Imports `rootfs` as image `name` (once).
     pub fn image(&self, name: &str, rootfs: &Path) {
-        assert!(rootfs.is_dir(), "{} missing: run scripts/setup.sh", rootfs.display());
-        match self.call(Request::ImportImage { name: name.into(), source: rootfs.display().to_string() }) {
+        assert!(
+            rootfs.is_dir(),
+            "{} missing: run scripts/setup.sh",
+            rootfs.display()
+        );
+        match self.call(Request::ImportImage {
+            name: name.into(),
+            source: rootfs.display().to_string(),
+        }) {
             Response::Image(_) => {}
             Response::Error(e) if e.code == belayer_ipc::ErrorCode::AlreadyExists => {}
             r => panic!("import failed: {r:?}"),
@@ -168,7 +200,10 @@ impl Daemon {
 
     /// Creates a sandbox from `image`.
     pub fn create(&self, image: &str) -> SandboxInfo {
-        self.create_spec(SandboxSpec { image: image.into(), ..Default::default() })
+        self.create_spec(SandboxSpec {
+            image: image.into(),
+            ..Default::default()
+        })
     }
 
     /// Creates a sandbox from a full spec.
@@ -189,7 +224,12 @@ impl Daemon {
 
     /// Runs `cmd` with `sh -c`.
     pub fn exec(&self, id: &str, cmd: &str) -> ExecResult {
-        let req = ExecRequest { id: id.into(), argv: vec![cmd.into()], timeout_ms: Some(60_000), ..Default::default() };
+        let req = ExecRequest {
+            id: id.into(),
+            argv: vec![cmd.into()],
+            timeout_ms: Some(60_000),
+            ..Default::default()
+        };
         match self.call(Request::Exec(req)) {
             Response::Exec(r) => r,
             r => panic!("exec {cmd:?} failed: {r:?}\n{}", self.log_text()),
@@ -210,8 +250,19 @@ impl Daemon {
     }
 
     /// Takes a checkpoint; returns the daemon's raw answer.
-    pub fn checkpoint_raw(&self, id: &str, prefix: u64, context: &[u8], fault: Option<TestFault>) -> Response {
-        self.call(Request::Checkpoint(CheckpointRequest { id: id.into(), prefix, context: context.to_vec(), fault }))
+    pub fn checkpoint_raw(
+        &self,
+        id: &str,
+        prefix: u64,
+        context: &[u8],
+        fault: Option<TestFault>,
+    ) -> Response {
+        self.call(Request::Checkpoint(CheckpointRequest {
+            id: id.into(),
+            prefix,
+            context: context.to_vec(),
+            fault,
+        }))
     }
 
     /// Takes a checkpoint that must succeed.
@@ -247,7 +298,10 @@ impl Daemon {
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.inspect(id).state != "failed" {
-            assert!(Instant::now() < deadline, "sandbox {id} not seen failed after SIGKILL");
+            assert!(
+                Instant::now() < deadline,
+                "sandbox {id} not seen failed after SIGKILL"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -256,7 +310,11 @@ impl Daemon {
     /// instance (without the sandbox's own /proc and /dev mounts).
     pub fn root(&self, id: &str) -> PathBuf {
         let n = self.inspect(id).instance;
-        self.state_dir.join("sandboxes").join(id).join(format!("inst-{n}")).join("merged")
+        self.state_dir
+            .join("sandboxes")
+            .join(id)
+            .join(format!("inst-{n}"))
+            .join("merged")
     }
 }
 

@@ -22,18 +22,35 @@ fn checkpoints(d: &Daemon, id: &str) -> Vec<u64> {
 
 fn store_entries(d: &Daemon, id: &str) -> Vec<String> {
     let dir = d.state_dir.join("sandboxes").join(id).join("checkpoints");
-    let mut v: Vec<String> =
-        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
 
 fn assert_previous_in_effect(d: &Daemon, id: &str, what: &str) {
-    assert_eq!(d.inspect(id).ready_prefix, Some(1), "{what}: ready pointer moved");
-    assert_eq!(checkpoints(d, id), vec![1], "{what}: a partial checkpoint is visible");
+    assert_eq!(
+        d.inspect(id).ready_prefix,
+        Some(1),
+        "{what}: ready pointer moved"
+    );
+    assert_eq!(
+        checkpoints(d, id),
+        vec![1],
+        "{what}: a partial checkpoint is visible"
+    );
     let entries = store_entries(d, id);
-    assert!(entries.iter().all(|e| !e.starts_with(".tmp-")), "{what}: staging left behind: {entries:?}");
-    assert_eq!(entries.iter().filter(|e| e.starts_with('c')).count(), 1, "{what}: {entries:?}");
+    assert!(
+        entries.iter().all(|e| !e.starts_with(".tmp-")),
+        "{what}: staging left behind: {entries:?}"
+    );
+    assert_eq!(
+        entries.iter().filter(|e| e.starts_with('c')).count(),
+        1,
+        "{what}: {entries:?}"
+    );
     // Thawed: an action runs (it would hang on a frozen cgroup) and the loop still counts.
     let a: u64 = d.sh(id, "cat /tmp/count").parse().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(250));
@@ -46,7 +63,10 @@ fn failing_checkpoints_keep_the_previous_one() {
     let mut d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
-    d.sh(&id, "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done >/dev/null 2>&1 &");
+    d.sh(
+        &id,
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done >/dev/null 2>&1 &",
+    );
     d.sh(&id, "echo k1 > /state");
     d.checkpoint(&id, 1, b"L1");
 
@@ -56,19 +76,26 @@ fn failing_checkpoints_keep_the_previous_one() {
             d.sh(&id, "echo k2 > /state");
             let fault = Some(TestFault { at, kill_daemon });
             if kill_daemon {
-                let r = d.client().call(Request::Checkpoint(belayer_ipc::CheckpointRequest {
-                    id: id.clone(),
-                    prefix: 2,
-                    context: b"L2".to_vec(),
-                    fault,
-                }));
-                assert!(r.is_err(), "{what}: the daemon answered instead of dying: {r:?}");
+                let r = d
+                    .client()
+                    .call(Request::Checkpoint(belayer_ipc::CheckpointRequest {
+                        id: id.clone(),
+                        prefix: 2,
+                        context: b"L2".to_vec(),
+                        fault,
+                    }));
+                assert!(
+                    r.is_err(),
+                    "{what}: the daemon answered instead of dying: {r:?}"
+                );
                 let status = d.wait_exit();
                 assert!(!status.success(), "{what}");
                 d.restart();
             } else {
                 match d.checkpoint_raw(&id, 2, b"L2", fault) {
-                    Response::Error(e) => assert_eq!(e.code, ErrorCode::CheckpointFailed, "{what}: {e:?}"),
+                    Response::Error(e) => {
+                        assert_eq!(e.code, ErrorCode::CheckpointFailed, "{what}: {e:?}")
+                    }
                     r => panic!("{what}: expected an error, got {r:?}"),
                 }
             }
@@ -87,7 +114,10 @@ fn test_faults_are_refused_without_test_hooks() {
     let d = Daemon::start_with(false);
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
-    let fault = Some(TestFault { at: FailPoint::AfterFreeze, kill_daemon: true });
+    let fault = Some(TestFault {
+        at: FailPoint::AfterFreeze,
+        kill_daemon: true,
+    });
     match d.checkpoint_raw(&id, 1, b"", fault) {
         Response::Error(e) => assert_eq!(e.code, ErrorCode::BadRequest),
         r => panic!("{r:?}"),

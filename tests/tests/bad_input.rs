@@ -23,34 +23,75 @@ fn malformed_frames_close_only_their_connection() {
     let mut good = d.client();
     for garbage in [
         b"GET / HTTP/1.1\r\n\r\n".to_vec(),
-        [b"BLYR".as_slice(), &[99, 0, 1, 0], &[0, 0, 0, 0], &[0, 0, 0, 0]].concat(), // bad version
-        [b"BLYR".as_slice(), &[1, 0, 1, 0], &u32::MAX.to_le_bytes(), &[0, 0, 0, 0]].concat(), // oversized
-        [b"BLYR".as_slice(), &[1, 0, 1, 0], &4u32.to_le_bytes(), &[1, 2, 3, 4], b"abcd"].concat(), // CRC
+        [
+            b"BLYR".as_slice(),
+            &[99, 0, 1, 0],
+            &[0, 0, 0, 0],
+            &[0, 0, 0, 0],
+        ]
+        .concat(), // bad version
+        [
+            b"BLYR".as_slice(),
+            &[1, 0, 1, 0],
+            &u32::MAX.to_le_bytes(),
+            &[0, 0, 0, 0],
+        ]
+        .concat(), // oversized
+        [
+            b"BLYR".as_slice(),
+            &[1, 0, 1, 0],
+            &4u32.to_le_bytes(),
+            &[1, 2, 3, 4],
+            b"abcd",
+        ]
+        .concat(), // CRC
     ] {
         let mut s = UnixStream::connect(&d.socket).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
         s.write_all(&garbage).unwrap();
         let mut answer = Vec::new();
         let _ = s.read_to_end(&mut answer); // the server answers (or not) and closes
-        assert!(matches!(good.call(Request::Ping).unwrap(), Response::Pong { .. }));
+        assert!(matches!(
+            good.call(Request::Ping).unwrap(),
+            Response::Pong { .. }
+        ));
     }
 }
 
 #[test]
 fn unknown_ids_and_names() {
     let d = Daemon::start();
-    expect_error(d.call(Request::InspectSandbox { id: "sb-000000000000".into() }), ErrorCode::UnknownSandbox);
-    expect_error(d.call(Request::Restore { id: "nope".into() }), ErrorCode::UnknownSandbox);
     expect_error(
-        d.call(Request::Exec(ExecRequest { id: "nope".into(), argv: vec!["true".into()], ..Default::default() })),
+        d.call(Request::InspectSandbox {
+            id: "sb-000000000000".into(),
+        }),
         ErrorCode::UnknownSandbox,
     );
     expect_error(
-        d.call(Request::CreateSandbox(belayer_ipc::SandboxSpec { image: "missing".into(), ..Default::default() })),
+        d.call(Request::Restore { id: "nope".into() }),
+        ErrorCode::UnknownSandbox,
+    );
+    expect_error(
+        d.call(Request::Exec(ExecRequest {
+            id: "nope".into(),
+            argv: vec!["true".into()],
+            ..Default::default()
+        })),
+        ErrorCode::UnknownSandbox,
+    );
+    expect_error(
+        d.call(Request::CreateSandbox(belayer_ipc::SandboxSpec {
+            image: "missing".into(),
+            ..Default::default()
+        })),
         ErrorCode::UnknownImage,
     );
     expect_error(
-        d.call(Request::ImportImage { name: "../evil".into(), source: "/".into() }),
+        d.call(Request::ImportImage {
+            name: "../evil".into(),
+            source: "/".into(),
+        }),
         ErrorCode::BadRequest,
     );
 }
@@ -66,7 +107,10 @@ fn restore_without_checkpoint_restarts_from_base_image() {
     assert_eq!(r.prefix, None, "no ready checkpoint → k = 0");
     assert!(r.context.is_empty());
     assert_eq!(d.inspect(&id).state, "running");
-    assert!(d.exec(&id, "test -e /dirty").exit_code != 0, "fresh sandbox from the base image");
+    assert!(
+        d.exec(&id, "test -e /dirty").exit_code != 0,
+        "fresh sandbox from the base image"
+    );
 }
 
 #[test]
@@ -77,7 +121,13 @@ fn corrupted_checkpoint_is_refused_and_nothing_is_disturbed() {
     d.sh(&id, "echo v1 > /v");
     let c = d.checkpoint(&id, 1, b"L1");
     // Flip one byte of the upper-layer archive.
-    let tar = d.state_dir.join("sandboxes").join(&id).join("checkpoints").join(&c.checkpoint).join("upper.tar");
+    let tar = d
+        .state_dir
+        .join("sandboxes")
+        .join(&id)
+        .join("checkpoints")
+        .join(&c.checkpoint)
+        .join("upper.tar");
     let mut bytes = std::fs::read(&tar).unwrap();
     bytes[600] ^= 0x01;
     std::fs::write(&tar, bytes).unwrap();
@@ -102,7 +152,11 @@ fn actions_on_a_failed_sandbox_are_refused() {
     let id = d.create("busybox").id;
     d.fail_stop(&id);
     expect_error(
-        d.call(Request::Exec(ExecRequest { id: id.clone(), argv: vec!["true".into()], ..Default::default() })),
+        d.call(Request::Exec(ExecRequest {
+            id: id.clone(),
+            argv: vec!["true".into()],
+            ..Default::default()
+        })),
         ErrorCode::InvalidState,
     );
     expect_error(d.checkpoint_raw(&id, 1, b"", None), ErrorCode::InvalidState);

@@ -24,7 +24,10 @@ fn checkpoint_at_k3_then_fail_stop_then_restore() {
     let id = sb.id.as_str();
 
     // Actions 1..3.
-    d.sh(id, "mkdir -p /work && echo hello > /work/a.txt && echo data > /work/b.txt");
+    d.sh(
+        id,
+        "mkdir -p /work && echo hello > /work/a.txt && echo data > /work/b.txt",
+    );
     d.sh(
         id,
         "sh -c 'echo $$ > /counter.pid; i=0; while :; do i=$((i+1)); echo $i > /counter.txt; sleep 0.05; done' >/dev/null 2>&1 &
@@ -48,11 +51,16 @@ while True:
     let counter_k3 = counter(&d, id);
     assert_eq!(ckpt.prefix, 3);
     assert!(ckpt.bytes > 0);
-    assert!(ckpt.timings_ms.frozen_total > 0.0 && ckpt.timings_ms.total >= ckpt.timings_ms.frozen_total);
+    assert!(
+        ckpt.timings_ms.frozen_total > 0.0 && ckpt.timings_ms.total >= ckpt.timings_ms.frozen_total
+    );
     assert_eq!(d.inspect(id).ready_prefix, Some(3));
 
     // Actions 4 and 5: edit, delete, kill the counter.
-    d.sh(id, "echo changed > /work/a.txt && rm /work/b.txt && echo new > /work/d.txt");
+    d.sh(
+        id,
+        "echo changed > /work/a.txt && rm /work/b.txt && echo new > /work/d.txt",
+    );
     std::thread::sleep(Duration::from_millis(600));
     let counter_late = counter(&d, id);
     d.sh(id, "kill $(cat /counter.pid)");
@@ -76,13 +84,21 @@ while True:
 
     // The counter is alive and continues from its k=3 value.
     let c1 = counter(&d, id);
-    assert!(c1 + 2 >= counter_k3 && c1 < counter_late, "counter {c1}: k3 {counter_k3}, late {counter_late}");
+    assert!(
+        c1 + 2 >= counter_k3 && c1 < counter_late,
+        "counter {c1}: k3 {counter_k3}, late {counter_late}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     let c2 = counter(&d, id);
     assert!(c2 > c1, "counter runs after restore ({c1} → {c2})");
 
     // The open file is still held and the listener accepts a connection.
-    assert!(d.sh(id, "ls -l /proc/*/fd 2>/dev/null | grep -c held.txt").parse::<u32>().unwrap() >= 1);
+    assert!(
+        d.sh(id, "ls -l /proc/*/fd 2>/dev/null | grep -c held.txt")
+            .parse::<u32>()
+            .unwrap()
+            >= 1
+    );
     let pong = d.sh(
         id,
         "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 8080), timeout=5).recv(16).decode())\"",

@@ -6,25 +6,55 @@ use belayer_tests::{bin, busybox_rootfs, Daemon};
 use serde_json::Value;
 
 fn belayer(d: &Daemon, args: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(bin("belayer")).arg("--socket").arg(&d.socket).arg("--json").args(args).output().unwrap();
+    let out = Command::new(bin("belayer"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (out.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&out.stderr).to_string())
+    (
+        out.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
 }
 
 #[test]
 fn cli_cycle_with_json() {
     let d = Daemon::start();
-    let (code, _, err) = belayer(&d, &["image", "import", "bb", busybox_rootfs().to_str().unwrap()]);
+    let (code, _, err) = belayer(
+        &d,
+        &["image", "import", "bb", busybox_rootfs().to_str().unwrap()],
+    );
     assert_eq!(code, 0, "{err}");
     let (_, images, _) = belayer(&d, &["image", "ls"]);
     assert_eq!(images[0]["name"], "bb");
 
-    let (code, created, err) = belayer(&d, &["sandbox", "create", "--image", "bb", "--memory-max", "256M", "--pids-max", "64", "--env", "GREETING=hi"]);
+    let (code, created, err) = belayer(
+        &d,
+        &[
+            "sandbox",
+            "create",
+            "--image",
+            "bb",
+            "--memory-max",
+            "256M",
+            "--pids-max",
+            "64",
+            "--env",
+            "GREETING=hi",
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     let id = created["id"].as_str().unwrap().to_string();
 
-    let (code, r, _) = belayer(&d, &["exec", &id, "--", "echo $GREETING; echo oops >&2; exit 3"]);
+    let (code, r, _) = belayer(
+        &d,
+        &["exec", &id, "--", "echo $GREETING; echo oops >&2; exit 3"],
+    );
     assert_eq!(code, 3, "the CLI exits with the action's code");
     assert_eq!(r["exit_code"], 3);
     assert_eq!(r["stdout"], "hi\n");
@@ -36,12 +66,32 @@ fn cli_cycle_with_json() {
 
     let ctx = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(ctx.path(), b"[{\"role\":\"user\",\"content\":\"k=1\"}]").unwrap();
-    let (code, c, err) = belayer(&d, &["checkpoint", &id, "--prefix", "1", "--context", ctx.path().to_str().unwrap()]);
+    let (code, c, err) = belayer(
+        &d,
+        &[
+            "checkpoint",
+            &id,
+            "--prefix",
+            "1",
+            "--context",
+            ctx.path().to_str().unwrap(),
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(c["prefix"], 1);
     assert_eq!(c["sandbox"], id.as_str());
-    for k in ["freeze", "fs_capture", "criu_dump", "publish", "frozen_total", "total"] {
-        assert!(c["timings_ms"][k].as_f64().is_some(), "timings_ms.{k} missing: {c}");
+    for k in [
+        "freeze",
+        "fs_capture",
+        "criu_dump",
+        "publish",
+        "frozen_total",
+        "total",
+    ] {
+        assert!(
+            c["timings_ms"][k].as_f64().is_some(),
+            "timings_ms.{k} missing: {c}"
+        );
     }
     assert!(c["bytes"].as_u64().unwrap() > 0);
 
@@ -56,18 +106,32 @@ fn cli_cycle_with_json() {
 
     d.fail_stop(&id);
     let out = tempfile::NamedTempFile::new().unwrap();
-    let (code, r, err) = belayer(&d, &["restore", &id, "--context-out", out.path().to_str().unwrap()]);
+    let (code, r, err) = belayer(
+        &d,
+        &[
+            "restore",
+            &id,
+            "--context-out",
+            out.path().to_str().unwrap(),
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(r["prefix"], 1);
     assert_eq!(r["context_file"], out.path().to_str().unwrap());
-    assert_eq!(std::fs::read(out.path()).unwrap(), std::fs::read(ctx.path()).unwrap());
+    assert_eq!(
+        std::fs::read(out.path()).unwrap(),
+        std::fs::read(ctx.path()).unwrap()
+    );
     assert!(r["timings_ms"]["total"].as_f64().unwrap() > 0.0);
 
     // Errors: unknown sandbox → exit 1 with a message; no daemon → exit 3.
     let (code, _, err) = belayer(&d, &["sandbox", "inspect", "sb-unknown"]);
     assert_eq!(code, 1);
     assert!(err.contains("unknown sandbox"), "{err}");
-    let out = Command::new(bin("belayer")).args(["--socket", "/nonexistent.sock", "status"]).output().unwrap();
+    let out = Command::new(bin("belayer"))
+        .args(["--socket", "/nonexistent.sock", "status"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(3));
 
     let (code, _, _) = belayer(&d, &["sandbox", "rm", &id]);

@@ -23,7 +23,10 @@ fn exec_and_checkpoint_on_one_sandbox_serialise() {
         });
         let action_end = action.join().unwrap();
         let (ckpt_end, _c) = ckpt.join().unwrap();
-        assert!(ckpt_end >= action_end, "checkpoint finished before the action it had to wait for");
+        assert!(
+            ckpt_end >= action_end,
+            "checkpoint finished before the action it had to wait for"
+        );
     });
     // The checkpoint was taken after the action: its tree has the marker.
     d.sh(&id, "rm /marker");
@@ -39,11 +42,22 @@ fn two_sandboxes_checkpoint_concurrently() {
     let a = d.create("busybox").id;
     let b = d.create("busybox").id;
     for id in [&a, &b] {
-        d.sh(id, &format!("echo {id} > /who; while :; do sleep 0.1; done >/dev/null 2>&1 &"));
+        d.sh(
+            id,
+            &format!("echo {id} > /who; while :; do sleep 0.1; done >/dev/null 2>&1 &"),
+        );
     }
     std::thread::scope(|s| {
-        let ha = s.spawn(|| (0..3).map(|k| d.checkpoint(&a, k, b"a").prefix).collect::<Vec<_>>());
-        let hb = s.spawn(|| (0..3).map(|k| d.checkpoint(&b, k, b"b").prefix).collect::<Vec<_>>());
+        let ha = s.spawn(|| {
+            (0..3)
+                .map(|k| d.checkpoint(&a, k, b"a").prefix)
+                .collect::<Vec<_>>()
+        });
+        let hb = s.spawn(|| {
+            (0..3)
+                .map(|k| d.checkpoint(&b, k, b"b").prefix)
+                .collect::<Vec<_>>()
+        });
         assert_eq!(ha.join().unwrap(), vec![0, 1, 2]);
         assert_eq!(hb.join().unwrap(), vec![0, 1, 2]);
     });

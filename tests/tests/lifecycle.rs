@@ -13,7 +13,10 @@ fn sandboxes_outlive_a_daemon_restart() {
     let mut d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
-    d.sh(&id, "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done >/dev/null 2>&1 &");
+    d.sh(
+        &id,
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done >/dev/null 2>&1 &",
+    );
     d.checkpoint(&id, 1, b"L1");
     let before = d.inspect(&id);
     d.kill();
@@ -23,7 +26,12 @@ fn sandboxes_outlive_a_daemon_restart() {
     assert_eq!(info.state, "running");
     assert_eq!(info.init_pid, before.init_pid, "same instance, re-adopted");
     // The loop's shell survives (its short-lived `sleep` children come and go).
-    assert!(info.pids.contains(&before.pids[1]), "{:?} vs {:?}", info.pids, before.pids);
+    assert!(
+        info.pids.contains(&before.pids[1]),
+        "{:?} vs {:?}",
+        info.pids,
+        before.pids
+    );
     assert_eq!(info.ready_prefix, Some(1));
     let a: u64 = d.sh(&id, "cat /tmp/count").parse().unwrap();
     d.checkpoint(&id, 2, b"L2");
@@ -42,8 +50,16 @@ fn a_client_disconnecting_mid_request_disturbs_nothing() {
     // Send a long action, then hang up before the answer.
     {
         let mut c = d.client();
-        let req = Request::Exec(belayer_ipc::ExecRequest { id: id.clone(), argv: vec!["sleep 0.5; echo x > /after".into()], ..Default::default() });
-        let frame = belayer_ipc::encode_frame(&belayer_ipc::Envelope { id: 1, body: req }, belayer_ipc::DEFAULT_MAX_FRAME).unwrap();
+        let req = Request::Exec(belayer_ipc::ExecRequest {
+            id: id.clone(),
+            argv: vec!["sleep 0.5; echo x > /after".into()],
+            ..Default::default()
+        });
+        let frame = belayer_ipc::encode_frame(
+            &belayer_ipc::Envelope { id: 1, body: req },
+            belayer_ipc::DEFAULT_MAX_FRAME,
+        )
+        .unwrap();
         let mut s = UnixStream::connect(&d.socket).unwrap();
         s.write_all(&frame).unwrap();
         drop(s);
@@ -58,7 +74,13 @@ fn a_client_disconnecting_mid_request_disturbs_nothing() {
 fn list_remove_and_gc() {
     let d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
-    let tagged = d.create_spec(SandboxSpec { image: "busybox".into(), tag: Some("rollout-7".into()), ..Default::default() }).id;
+    let tagged = d
+        .create_spec(SandboxSpec {
+            image: "busybox".into(),
+            tag: Some("rollout-7".into()),
+            ..Default::default()
+        })
+        .id;
     let other = d.create("busybox").id;
     for k in 1..=3 {
         d.checkpoint(&tagged, k, b"t");
@@ -70,13 +92,19 @@ fn list_remove_and_gc() {
     };
     assert_eq!(list(&tagged), vec![1, 2, 3]);
     // Age-based gc keeps the ready checkpoint.
-    match d.call(Request::Gc { older_than_s: Some(0), tag: None }) {
+    match d.call(Request::Gc {
+        older_than_s: Some(0),
+        tag: None,
+    }) {
         Response::Gc { removed, bytes } => assert!(removed == 4 && bytes > 0, "{removed} {bytes}"),
         r => panic!("{r:?}"),
     }
     assert_eq!(list(&other), vec![3]);
     // Tag gc drops everything of that rollout.
-    match d.call(Request::Gc { older_than_s: None, tag: Some("rollout-7".into()) }) {
+    match d.call(Request::Gc {
+        older_than_s: None,
+        tag: Some("rollout-7".into()),
+    }) {
         Response::Gc { removed, .. } => assert_eq!(removed, 1),
         r => panic!("{r:?}"),
     }
@@ -85,11 +113,19 @@ fn list_remove_and_gc() {
     assert_eq!(list(&other), vec![3]);
     // Removal deletes the sandbox, its processes and checkpoints.
     let pids = d.inspect(&other).pids;
-    assert!(matches!(d.call(Request::RemoveSandbox { id: other.clone() }), Response::Done));
+    assert!(matches!(
+        d.call(Request::RemoveSandbox { id: other.clone() }),
+        Response::Done
+    ));
     assert!(!d.state_dir.join("sandboxes").join(&other).exists());
     std::thread::sleep(Duration::from_millis(100));
     for pid in pids {
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.contains(") Z")).unwrap_or(true));
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.contains(") Z"))
+                    .unwrap_or(true)
+        );
     }
     match d.call(Request::ListSandboxes) {
         Response::Sandboxes(v) => assert_eq!(v.len(), 1),
@@ -101,11 +137,24 @@ fn list_remove_and_gc() {
 fn limits_are_applied() {
     let d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
-    let id = d.create_spec(SandboxSpec { image: "busybox".into(), pids_max: Some(8), memory_max: Some(64 << 20), ..Default::default() }).id;
+    let id = d
+        .create_spec(SandboxSpec {
+            image: "busybox".into(),
+            pids_max: Some(8),
+            memory_max: Some(64 << 20),
+            ..Default::default()
+        })
+        .id;
     // More processes than pids.max cannot be created.
-    let r = d.exec(&id, "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait");
+    let r = d.exec(
+        &id,
+        "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 2 & done; wait",
+    );
     let stderr = String::from_utf8_lossy(&r.stderr);
-    assert!(r.exit_code != 0 || stderr.contains("fork"), "fork beyond pids.max must fail: {stderr:?}");
+    assert!(
+        r.exit_code != 0 || stderr.contains("fork"),
+        "fork beyond pids.max must fail: {stderr:?}"
+    );
     assert!(d.inspect(&id).pids.len() <= 8);
     assert_eq!(d.sh(&id, "echo still-alive"), "still-alive");
 }

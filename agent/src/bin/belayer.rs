@@ -16,7 +16,10 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            let code = if e.downcast_ref::<belayer_agent::cli::DaemonError>().is_some() {
+            let code = if e
+                .downcast_ref::<belayer_agent::cli::DaemonError>()
+                .is_some()
+            {
                 1
             } else if e.downcast_ref::<belayer_ipc::ClientError>().is_some() {
                 3

@@ -11,7 +11,11 @@ use clap::Parser;
 
 /// Command line of `belayerd`; flags override the config file.
 #[derive(Debug, Parser)]
-#[command(name = "belayerd", version, about = "Belayer agent: sandboxes with full checkpoint and restore")]
+#[command(
+    name = "belayerd",
+    version,
+    about = "Belayer agent: sandboxes with full checkpoint and restore"
+)]
 struct Args {
     /// Socket path (default /run/belayer/belayer.sock).
     #[arg(long, env = "BELAYER_SOCKET")]
@@ -96,5 +100,7 @@ fn signal_hook_iter() -> Result<impl Iterator<Item = i32>> {
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
     set.thread_block().context("blocking signals")?;
-    Ok(std::iter::from_fn(move || set.wait().ok().map(|s| s as i32)))
+    Ok(std::iter::from_fn(move || {
+        set.wait().ok().map(|s| s as i32)
+    }))
 }

@@ -88,23 +88,53 @@ fn ensure_image(c: &mut Client, name: &str, rootfs: &Path) -> Result<()> {
         }
     }
     if !rootfs.is_dir() {
-        bail!("image rootfs {} missing: run scripts/setup.sh", rootfs.display());
+        bail!(
+            "image rootfs {} missing: run scripts/setup.sh",
+            rootfs.display()
+        );
     }
-    call(c, Request::ImportImage { name: name.into(), source: rootfs.display().to_string() })?;
+    call(
+        c,
+        Request::ImportImage {
+            name: name.into(),
+            source: rootfs.display().to_string(),
+        },
+    )?;
     Ok(())
 }
 
 fn exec(c: &mut Client, id: &str, cmd: &str) -> Result<()> {
-    let req = ExecRequest { id: id.into(), argv: vec![cmd.into()], timeout_ms: Some(120_000), ..Default::default() };
+    let req = ExecRequest {
+        id: id.into(),
+        argv: vec![cmd.into()],
+        timeout_ms: Some(120_000),
+        ..Default::default()
+    };
     match call(c, Request::Exec(req))? {
         Response::Exec(r) if r.exit_code == 0 => Ok(()),
-        Response::Exec(r) => bail!("setup action {cmd:?} failed ({}): {}", r.exit_code, String::from_utf8_lossy(&r.stderr)),
+        Response::Exec(r) => bail!(
+            "setup action {cmd:?} failed ({}): {}",
+            r.exit_code,
+            String::from_utf8_lossy(&r.stderr)
+        ),
         r => bail!("unexpected answer {r:?}"),
     }
 }
 
-fn workload(c: &mut Client, name: &str, image: &str, setup: &[String], runs: usize) -> Result<WorkloadResult> {
-    let id = match call(c, Request::CreateSandbox(SandboxSpec { image: image.into(), ..Default::default() }))? {
+fn workload(
+    c: &mut Client,
+    name: &str,
+    image: &str,
+    setup: &[String],
+    runs: usize,
+) -> Result<WorkloadResult> {
+    let id = match call(
+        c,
+        Request::CreateSandbox(SandboxSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+    )? {
         Response::Sandbox(s) => s.id,
         r => bail!("unexpected answer {r:?}"),
     };
@@ -112,10 +142,32 @@ fn workload(c: &mut Client, name: &str, image: &str, setup: &[String], runs: usi
         for cmd in setup {
             exec(c, &id, cmd)?;
         }
-        let (mut frozen, mut freeze, mut fs, mut dump, mut total, mut restore, mut criu_restore, mut bytes) =
-            (vec![], vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (
+            mut frozen,
+            mut freeze,
+            mut fs,
+            mut dump,
+            mut total,
+            mut restore,
+            mut criu_restore,
+            mut bytes,
+        ) = (
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+        );
         for k in 1..=runs as u64 {
-            let req = CheckpointRequest { id: id.clone(), prefix: k, context: format!("context {k}").into_bytes(), fault: None };
+            let req = CheckpointRequest {
+                id: id.clone(),
+                prefix: k,
+                context: format!("context {k}").into_bytes(),
+                fault: None,
+            };
             let info = match call(c, Request::Checkpoint(req))? {
                 Response::Checkpoint(i) => i,
                 r => bail!("unexpected answer {r:?}"),
@@ -152,7 +204,12 @@ fn workload(c: &mut Client, name: &str, image: &str, setup: &[String], runs: usi
 
 /// Runs a benchmark; returns the exit code.
 pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
-    let BenchCmd::Checkpoint { runs, busybox_rootfs, python_rootfs, python_mb } = cmd;
+    let BenchCmd::Checkpoint {
+        runs,
+        busybox_rootfs,
+        python_rootfs,
+        python_mb,
+    } = cmd;
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -164,7 +221,10 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
         &mut c,
         "busybox-loop",
         "bench-busybox",
-        &["i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done >/dev/null 2>&1 &".into()],
+        &[
+            "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done >/dev/null 2>&1 &"
+                .into(),
+        ],
         runs,
     )?);
     results.push(workload(
@@ -182,17 +242,37 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
         runs,
     )?);
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "workloads": results }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "workloads": results }))?
+        );
     } else {
         println!(
             "{:<16} {:>5} {:>10} {:>9} {:>10} {:>10} {:>12} {:>11} {:>13} {:>12}",
-            "workload", "runs", "frozen_ms", "freeze", "fs_capture", "criu_dump", "checkpoint", "restore_ms", "criu_restore", "bytes"
+            "workload",
+            "runs",
+            "frozen_ms",
+            "freeze",
+            "fs_capture",
+            "criu_dump",
+            "checkpoint",
+            "restore_ms",
+            "criu_restore",
+            "bytes"
         );
         for r in &results {
             println!(
                 "{:<16} {:>5} {:>10.1} {:>9.1} {:>10.1} {:>10.1} {:>12.1} {:>11.1} {:>13.1} {:>12}",
-                r.name, r.runs, r.frozen_ms, r.freeze_ms, r.fs_capture_ms, r.criu_dump_ms, r.checkpoint_ms,
-                r.restore_ms, r.criu_restore_ms, r.bytes
+                r.name,
+                r.runs,
+                r.frozen_ms,
+                r.freeze_ms,
+                r.fs_capture_ms,
+                r.criu_dump_ms,
+                r.checkpoint_ms,
+                r.restore_ms,
+                r.criu_restore_ms,
+                r.bytes
             );
         }
         println!("(medians; checkpoint = freeze + capture + dump + publish incl. fsync)");

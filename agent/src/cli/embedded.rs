@@ -30,17 +30,28 @@ impl Embedded {
             std::process::id(),
             crate::sys::random_hex(4)
         ));
-        std::fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+        std::fs::create_dir_all(&state_dir)
+            .with_context(|| format!("creating {}", state_dir.display()))?;
         let socket = state_dir.join("belayer.sock");
-        let config = Config { socket: socket.clone(), state_dir: state_dir.clone(), ..Config::default() };
+        let config = Config {
+            socket: socket.clone(),
+            state_dir: state_dir.clone(),
+            ..Config::default()
+        };
         let max_frame = config.max_frame_bytes;
         let agent = Agent::start(config).context("starting the embedded agent")?;
         let server = Server::bind(ServerConfig::new(&socket).max_frame(max_frame))
             .context("binding the embedded agent's socket")?;
         let handler: Arc<dyn belayer_ipc::Handler> = agent;
-        let server = server.spawn(handler).context("starting the embedded agent's server")?;
+        let server = server
+            .spawn(handler)
+            .context("starting the embedded agent's server")?;
         tracing::info!(socket = %socket.display(), "started an embedded agent");
-        Ok(Embedded { socket, state_dir, server: Some(server) })
+        Ok(Embedded {
+            socket,
+            state_dir,
+            server: Some(server),
+        })
     }
 }
 

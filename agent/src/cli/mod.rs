@@ -11,16 +11,18 @@ pub mod output;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use belayer_ipc::{
-    CheckpointRequest, Client, ExecRequest, Request, Response, SandboxSpec,
-};
+use belayer_ipc::{CheckpointRequest, Client, ExecRequest, Request, Response, SandboxSpec};
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::DEFAULT_SOCKET;
 
 /// `belayer` command line.
 #[derive(Debug, Parser)]
-#[command(name = "belayer", version, about = "Fault-tolerant sandboxes for agentic RL rollouts")]
+#[command(
+    name = "belayer",
+    version,
+    about = "Fault-tolerant sandboxes for agentic RL rollouts"
+)]
 pub struct Cli {
     /// Socket of belayerd.
     #[arg(long, global = true, env = "BELAYER_SOCKET", default_value = DEFAULT_SOCKET)]
@@ -219,7 +221,11 @@ pub struct DaemonError {
 /// Sends `req`, turning an error answer into [`DaemonError`].
 pub fn call(client: &mut Client, req: Request) -> Result<Response> {
     match client.call(req).context("talking to belayerd")? {
-        Response::Error(e) => Err(DaemonError { code: e.code, message: e.message }.into()),
+        Response::Error(e) => Err(DaemonError {
+            code: e.code,
+            message: e.message,
+        }
+        .into()),
         r => Ok(r),
     }
 }
@@ -227,7 +233,10 @@ pub fn call(client: &mut Client, req: Request) -> Result<Response> {
 /// Connects to the daemon.
 pub fn connect(socket: &std::path::Path) -> Result<Client> {
     Client::connect(socket).with_context(|| {
-        format!("cannot reach belayerd at {} (is it running? see `belayerd --help`)", socket.display())
+        format!(
+            "cannot reach belayerd at {} (is it running? see `belayerd --help`)",
+            socket.display()
+        )
     })
 }
 
@@ -244,10 +253,18 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Image(ImageCmd::Import { name, path }) => {
             let path = std::fs::canonicalize(&path)
                 .with_context(|| format!("image source {}", path.display()))?;
-            p.response(call(&mut c, Request::ImportImage { name, source: path.display().to_string() })?)
+            p.response(call(
+                &mut c,
+                Request::ImportImage {
+                    name,
+                    source: path.display().to_string(),
+                },
+            )?)
         }
         Command::Image(ImageCmd::Ls) => p.response(call(&mut c, Request::ListImages)?),
-        Command::Image(ImageCmd::Rm { name }) => p.response(call(&mut c, Request::RemoveImage { name })?),
+        Command::Image(ImageCmd::Rm { name }) => {
+            p.response(call(&mut c, Request::RemoveImage { name })?)
+        }
         Command::Sandbox(SandboxCmd::Create(a)) => {
             let spec = SandboxSpec {
                 image: a.image,
@@ -265,7 +282,9 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Sandbox(SandboxCmd::Inspect { id }) => {
             p.response(call(&mut c, Request::InspectSandbox { id })?)
         }
-        Command::Sandbox(SandboxCmd::Rm { id }) => p.response(call(&mut c, Request::RemoveSandbox { id })?),
+        Command::Sandbox(SandboxCmd::Rm { id }) => {
+            p.response(call(&mut c, Request::RemoveSandbox { id })?)
+        }
         Command::Exec(a) => {
             if a.timeout.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
                 bail!("--timeout must be a positive number of seconds");
@@ -288,7 +307,12 @@ pub fn run(cli: Cli) -> Result<i32> {
                 Some(f) => std::fs::read(f).with_context(|| format!("reading {}", f.display()))?,
                 None => Vec::new(),
             };
-            let req = CheckpointRequest { id: a.id, prefix: a.prefix, context, fault: None };
+            let req = CheckpointRequest {
+                id: a.id,
+                prefix: a.prefix,
+                context,
+                fault: None,
+            };
             p.response(call(&mut c, Request::Checkpoint(req))?)
         }
         Command::Restore(a) => match call(&mut c, Request::Restore { id: a.id })? {
@@ -296,7 +320,13 @@ pub fn run(cli: Cli) -> Result<i32> {
             r => p.response(r),
         },
         Command::Checkpoints { id } => p.response(call(&mut c, Request::ListCheckpoints { id })?),
-        Command::Gc(a) => p.response(call(&mut c, Request::Gc { older_than_s: a.older_than, tag: a.tag })?),
+        Command::Gc(a) => p.response(call(
+            &mut c,
+            Request::Gc {
+                older_than_s: a.older_than,
+                tag: a.tag,
+            },
+        )?),
         Command::Bench(_) => unreachable!("handled above"),
     }
     Ok(0)
@@ -326,7 +356,17 @@ mod tests {
     fn cli_parses() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-        let cli = Cli::try_parse_from(["belayer", "exec", "sb-1", "--timeout", "2", "--", "ls", "-la"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "belayer",
+            "exec",
+            "sb-1",
+            "--timeout",
+            "2",
+            "--",
+            "ls",
+            "-la",
+        ])
+        .unwrap();
         match cli.command {
             Command::Exec(a) => assert_eq!(a.command, vec!["ls", "-la"]),
             _ => panic!("wrong command"),

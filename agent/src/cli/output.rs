@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use belayer_ipc::{ExecResult, RestoreInfo, Response, SandboxInfo};
+use belayer_ipc::{ExecResult, Response, RestoreInfo, SandboxInfo};
 use serde_json::json;
 
 /// Prints answers in the chosen style.
@@ -58,7 +58,8 @@ impl Printer {
     /// A restore; writes the context to `context_out` when given.
     pub fn restored(&self, r: &RestoreInfo, context_out: Option<&Path>) -> Result<()> {
         if let Some(path) = context_out {
-            std::fs::write(path, &r.context).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(path, &r.context)
+                .with_context(|| format!("writing {}", path.display()))?;
         }
         if self.json {
             let mut v = json!({
@@ -107,7 +108,9 @@ impl Printer {
                 Response::Gc { removed, bytes } => json!({ "removed": removed, "bytes": bytes }),
                 Response::Status(s) => json!(s),
                 Response::Done => json!({ "ok": true }),
-                Response::Error(e) => json!({ "error": format!("{:?}", e.code), "message": e.message }),
+                Response::Error(e) => {
+                    json!({ "error": format!("{:?}", e.code), "message": e.message })
+                }
             };
             print_json(&v);
             return;
@@ -126,33 +129,57 @@ impl Printer {
                 println!("image:        {}", s.image);
                 println!("state:        {}", s.state);
                 println!("instance:     {}", s.instance);
-                println!("init pid:     {}", s.init_pid.map_or("-".into(), |p| p.to_string()));
+                println!(
+                    "init pid:     {}",
+                    s.init_pid.map_or("-".into(), |p| p.to_string())
+                );
                 println!("pids:         {:?}", s.pids);
                 println!("cgroup:       {}", s.cgroup);
-                println!("ready prefix: {}", s.ready_prefix.map_or("-".into(), |k| k.to_string()));
+                println!(
+                    "ready prefix: {}",
+                    s.ready_prefix.map_or("-".into(), |k| k.to_string())
+                );
                 println!("tag:          {}", s.tag.as_deref().unwrap_or("-"));
             }
             Response::Sandboxes(v) => {
                 println!("ID\tSTATE\tIMAGE\tREADY\tPIDS");
                 for s in v {
                     let ready = s.ready_prefix.map_or("-".into(), |k| k.to_string());
-                    println!("{}\t{}\t{}\t{}\t{}", s.id, s.state, s.image, ready, s.pids.len());
+                    println!(
+                        "{}\t{}\t{}\t{}\t{}",
+                        s.id,
+                        s.state,
+                        s.image,
+                        ready,
+                        s.pids.len()
+                    );
                 }
             }
             Response::Checkpoint(c) => println!(
                 "checkpoint {} of {} at k={}: {} bytes, frozen {:.1} ms, total {:.1} ms",
-                c.checkpoint, c.sandbox, c.prefix, c.bytes, c.timings_ms.frozen_total, c.timings_ms.total
+                c.checkpoint,
+                c.sandbox,
+                c.prefix,
+                c.bytes,
+                c.timings_ms.frozen_total,
+                c.timings_ms.total
             ),
             Response::Checkpoints(v) => {
                 println!("CHECKPOINT\tPREFIX\tBYTES\tFROZEN_MS\tCREATED_MS");
                 for c in v {
                     println!(
                         "{}\t{}\t{}\t{:.1}\t{}",
-                        c.checkpoint, c.prefix, c.bytes, c.timings_ms.frozen_total, c.created_unix_ms
+                        c.checkpoint,
+                        c.prefix,
+                        c.bytes,
+                        c.timings_ms.frozen_total,
+                        c.created_unix_ms
                     );
                 }
             }
-            Response::Gc { removed, bytes } => println!("removed {removed} checkpoints ({bytes} bytes)"),
+            Response::Gc { removed, bytes } => {
+                println!("removed {removed} checkpoints ({bytes} bytes)")
+            }
             Response::Status(s) => {
                 println!("belayerd {} (protocol {})", s.version, s.protocol);
                 println!("criu:      {}", s.criu);

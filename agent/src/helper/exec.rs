@@ -74,24 +74,32 @@ pub fn main(args: &[String]) -> i32 {
             0
         }
         Err(e) => {
-            let _ = write!(status, "error={e}\n");
+            let _ = writeln!(status, "error={e}");
             125
         }
     }
 }
 
 fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
-    let pid: i32 =
-        args.one("--pid").and_then(|s| s.parse().ok()).ok_or(ExecHelperError::BadArgument("--pid"))?;
+    let pid: i32 = args
+        .one("--pid")
+        .and_then(|s| s.parse().ok())
+        .ok_or(ExecHelperError::BadArgument("--pid"))?;
     let start: u64 = args
         .one("--start-time")
         .and_then(|s| s.parse().ok())
         .ok_or(ExecHelperError::BadArgument("--start-time"))?;
     let timeout_ms: Option<u64> = args.one("--timeout-ms").and_then(|s| s.parse().ok());
     let cwd = args.one("--cwd").unwrap_or("/");
-    let command = args.rest().first().ok_or(ExecHelperError::BadArgument("command"))?;
-    let env: Vec<CString> =
-        args.all("--env").into_iter().map(|s| CString::new(s).unwrap_or_default()).collect();
+    let command = args
+        .rest()
+        .first()
+        .ok_or(ExecHelperError::BadArgument("command"))?;
+    let env: Vec<CString> = args
+        .all("--env")
+        .into_iter()
+        .map(|s| CString::new(s).unwrap_or_default())
+        .collect();
 
     let mut namespaces = Vec::new();
     for (name, flag) in [
@@ -102,8 +110,10 @@ fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
         ("mnt", CloneFlags::CLONE_NEWNS),
     ] {
         let path = format!("/proc/{pid}/ns/{name}");
-        let f = fs::File::open(&path)
-            .map_err(|source| ExecHelperError::OpenNamespace { path: path.clone(), source })?;
+        let f = fs::File::open(&path).map_err(|source| ExecHelperError::OpenNamespace {
+            path: path.clone(),
+            source,
+        })?;
         namespaces.push((f, flag, path));
     }
     // The namespace fds pin the namespaces; check they belong to the init we were told about.
@@ -112,8 +122,10 @@ fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
     }
     let me = std::process::id().to_string();
     for path in args.all("--procs") {
-        fs::write(path, &me)
-            .map_err(|source| ExecHelperError::JoinCgroup { path: path.to_string(), source })?;
+        fs::write(path, &me).map_err(|source| ExecHelperError::JoinCgroup {
+            path: path.to_string(),
+            source,
+        })?;
     }
     for (f, flag, path) in &namespaces {
         setns(f.as_fd(), *flag).map_err(|e| SyscallError::new("setns", path.clone(), e))?;
@@ -152,8 +164,9 @@ fn action(cwd: &str, command: &str, env: &[CString], status_fd: i32) -> SyscallE
         let argv = [
             CString::from(c"sh"),
             CString::from(c"-c"),
-            CString::new(command.as_bytes())
-                .map_err(|_| SyscallError::new("execve", "command with NUL", nix::errno::Errno::EINVAL))?,
+            CString::new(command.as_bytes()).map_err(|_| {
+                SyscallError::new("execve", "command with NUL", nix::errno::Errno::EINVAL)
+            })?,
         ];
         execve(c"/bin/sh", &argv, env).map_err(|e| SyscallError::new("execve", "/bin/sh", e))
     };
@@ -176,7 +189,9 @@ fn wait_action(child: Pid, timeout_ms: Option<u64>) -> Result<String, ExecHelper
     let status = loop {
         match waitpid(child, None) {
             Err(nix::errno::Errno::EINTR) => continue,
-            other => break other.map_err(|e| SyscallError::new("waitpid", child.to_string(), e))?,
+            other => {
+                break other.map_err(|e| SyscallError::new("waitpid", child.to_string(), e))?
+            }
         }
     };
     let (code, signal) = match status {
@@ -185,7 +200,10 @@ fn wait_action(child: Pid, timeout_ms: Option<u64>) -> Result<String, ExecHelper
         _ => (125, None),
     };
     let signal = signal.map_or_else(|| "-".to_string(), |s| s.to_string());
-    Ok(format!("exit={code} signal={signal} timed_out={}\n", u8::from(timed_out)))
+    Ok(format!(
+        "exit={code} signal={signal} timed_out={}\n",
+        u8::from(timed_out)
+    ))
 }
 
 /// A parsed status line.
@@ -205,7 +223,11 @@ pub fn parse_status(line: &str) -> Result<ActionStatus, String> {
     if let Some(err) = line.strip_prefix("error=") {
         return Err(err.to_string());
     }
-    let mut status = ActionStatus { exit_code: -1, signal: None, timed_out: false };
+    let mut status = ActionStatus {
+        exit_code: -1,
+        signal: None,
+        timed_out: false,
+    };
     let mut seen = 0;
     for part in line.split_whitespace() {
         match part.split_once('=') {
@@ -232,13 +254,24 @@ mod tests {
     fn status_lines_parse() {
         assert_eq!(
             parse_status("exit=3 signal=- timed_out=0\n"),
-            Ok(ActionStatus { exit_code: 3, signal: None, timed_out: false })
+            Ok(ActionStatus {
+                exit_code: 3,
+                signal: None,
+                timed_out: false
+            })
         );
         assert_eq!(
             parse_status("exit=137 signal=9 timed_out=1"),
-            Ok(ActionStatus { exit_code: 137, signal: Some(9), timed_out: true })
+            Ok(ActionStatus {
+                exit_code: 137,
+                signal: Some(9),
+                timed_out: true
+            })
         );
-        assert_eq!(parse_status("error=sandbox init 5 is not running"), Err("sandbox init 5 is not running".into()));
+        assert_eq!(
+            parse_status("error=sandbox init 5 is not running"),
+            Err("sandbox init 5 is not running".into())
+        );
         assert!(parse_status("").is_err());
     }
 }

@@ -70,7 +70,9 @@ pub fn main(args: &[String]) -> i32 {
 }
 
 fn run(args: &Args<'_>) -> Result<i32, InitError> {
-    let root = args.one("--root").ok_or(InitError::MissingArgument("--root"))?;
+    let root = args
+        .one("--root")
+        .ok_or(InitError::MissingArgument("--root"))?;
     let hostname = args.one("--hostname").unwrap_or("sandbox");
     let env: Vec<CString> = std::iter::once(format!("PATH={SANDBOX_PATH}"))
         .chain(std::iter::once("HOME=/root".to_string()))
@@ -79,8 +81,10 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
         .collect();
     let me = std::process::id().to_string();
     for path in args.all("--procs") {
-        fs::write(path, &me)
-            .map_err(|source| InitError::JoinCgroup { path: path.to_string(), source })?;
+        fs::write(path, &me).map_err(|source| InitError::JoinCgroup {
+            path: path.to_string(),
+            source,
+        })?;
     }
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SyscallError::io("pipe2", "status", e.into()))?;
@@ -153,7 +157,8 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
         .map_err(|e| SyscallError::new("mount", "/ rprivate", e))?;
     sethostname(hostname).map_err(|e| SyscallError::new("sethostname", hostname, e))?;
     chdir(root).map_err(|e| SyscallError::new("chdir", root.display().to_string(), e))?;
-    pivot_root(".", ".").map_err(|e| SyscallError::new("pivot_root", root.display().to_string(), e))?;
+    pivot_root(".", ".")
+        .map_err(|e| SyscallError::new("pivot_root", root.display().to_string(), e))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| SyscallError::new("umount2", "old root", e))?;
     chdir("/").map_err(|e| SyscallError::new("chdir", "/", e))?;
     umask(Mode::empty());
@@ -175,12 +180,22 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
         Some("mode=755,size=65536k"),
     )
     .map_err(|e| SyscallError::new("mount", "/dev tmpfs", e))?;
-    for (name, major, minor) in
-        [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)]
-    {
+    for (name, major, minor) in [
+        ("null", 1, 3),
+        ("zero", 1, 5),
+        ("full", 1, 7),
+        ("random", 1, 8),
+        ("urandom", 1, 9),
+        ("tty", 5, 0),
+    ] {
         let path = format!("/dev/{name}");
-        mknod(path.as_str(), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(major, minor))
-            .map_err(|e| SyscallError::new("mknod", path.clone(), e))?;
+        mknod(
+            path.as_str(),
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(major, minor),
+        )
+        .map_err(|e| SyscallError::new("mknod", path.clone(), e))?;
     }
     for (link, target) in [
         ("/dev/fd", "/proc/self/fd"),
@@ -192,8 +207,11 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
             .map_err(|e| SyscallError::io("symlink", link, e))?;
     }
     fs::create_dir("/dev/shm").map_err(|e| SyscallError::io("mkdir", "/dev/shm", e))?;
-    fs::set_permissions("/dev/shm", std::os::unix::fs::PermissionsExt::from_mode(0o1777))
-        .map_err(|e| SyscallError::io("chmod", "/dev/shm", e))?;
+    fs::set_permissions(
+        "/dev/shm",
+        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
+    )
+    .map_err(|e| SyscallError::io("chmod", "/dev/shm", e))?;
     sys::loopback_up()?;
     umask(Mode::from_bits_truncate(0o022));
     let null = fs::OpenOptions::new()
@@ -230,7 +248,11 @@ pub(crate) fn redirect_stdio(file: &fs::File) -> Result<(), SyscallError> {
     for target in 0..3 {
         // SAFETY: dup2 onto the stdio numbers; `file` is open for the duration of the call.
         if unsafe { libc::dup2(file.as_raw_fd(), target) } < 0 {
-            return Err(SyscallError::new("dup2", target.to_string(), nix::errno::Errno::last()));
+            return Err(SyscallError::new(
+                "dup2",
+                target.to_string(),
+                nix::errno::Errno::last(),
+            ));
         }
     }
     Ok(())

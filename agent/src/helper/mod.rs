@@ -52,13 +52,21 @@ impl<'a> Args<'a> {
 
     /// The arguments before a `--` separator.
     fn flags(&self) -> &'a [String] {
-        let end = self.args.iter().position(|a| a == "--").unwrap_or(self.args.len());
+        let end = self
+            .args
+            .iter()
+            .position(|a| a == "--")
+            .unwrap_or(self.args.len());
         &self.args[..end]
     }
 
     pub(crate) fn one(&self, name: &str) -> Option<&'a str> {
         let flags = self.flags();
-        flags.iter().position(|a| a == name).and_then(|i| flags.get(i + 1)).map(String::as_str)
+        flags
+            .iter()
+            .position(|a| a == name)
+            .and_then(|i| flags.get(i + 1))
+            .map(String::as_str)
     }
 
     pub(crate) fn all(&self, name: &str) -> Vec<&'a str> {

@@ -20,7 +20,9 @@ use std::fs;
 use std::time::Instant;
 
 use belayer_criu::{DumpRequest, NetworkLock};
-use belayer_ipc::{CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault};
+use belayer_ipc::{
+    CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault,
+};
 
 use super::{RecordError, SandboxSlot, SandboxState};
 use crate::cgroup::{CgroupError, SandboxCgroup};
@@ -132,8 +134,15 @@ pub fn checkpoint(
     let _op = slot.lock_op();
     let rec = slot.refresh();
     if !rec.state.can_checkpoint() || !rec.init_alive() {
-        let state = if rec.state == SandboxState::Running { "failed" } else { rec.state.as_str() };
-        return Err(CheckpointError::NotRunning { id: rec.id.clone(), state });
+        let state = if rec.state == SandboxState::Running {
+            "failed"
+        } else {
+            rec.state.as_str()
+        };
+        return Err(CheckpointError::NotRunning {
+            id: rec.id.clone(),
+            state,
+        });
     }
     slot.set_state(SandboxState::Checkpointing)?;
     let result = take(rt, slot, req, started);
@@ -145,7 +154,9 @@ pub fn checkpoint(
             sandbox = %info.sandbox, prefix = info.prefix, frozen_ms = info.timings_ms.frozen_total,
             total_ms = info.timings_ms.total, bytes = info.bytes, "checkpoint ready"
         ),
-        Err(e) => tracing::warn!(sandbox = %rec.id, prefix = req.prefix, error = %e, "checkpoint failed"),
+        Err(e) => {
+            tracing::warn!(sandbox = %rec.id, prefix = req.prefix, error = %e, "checkpoint failed")
+        }
     }
     result
 }
@@ -170,22 +181,33 @@ fn take(
     let work = slot.paths.criu_work();
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(write_err(&work))?;
-    let cgroup =
-        SandboxCgroup::open(&rec.cgroup).map_err(|source| CheckpointError::Freeze { id: id.clone(), source })?;
+    let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|source| CheckpointError::Freeze {
+        id: id.clone(),
+        source,
+    })?;
     let mut t = CheckpointTimings::default();
 
     // Frozen window: F_k and R_k at the same action boundary.
     let t_freeze = Instant::now();
     let frozen = cgroup
-        .freeze(std::time::Duration::from_millis(rt.config.freeze_timeout_ms))
-        .map_err(|source| CheckpointError::Freeze { id: id.clone(), source })?;
+        .freeze(std::time::Duration::from_millis(
+            rt.config.freeze_timeout_ms,
+        ))
+        .map_err(|source| CheckpointError::Freeze {
+            id: id.clone(),
+            source,
+        })?;
     t.freeze = ms(t_freeze);
     fault(req.fault, FailPoint::AfterFreeze)?;
 
     let t_fs = Instant::now();
     let upper_tar = dir.join("upper.tar");
-    belayer_overlay::capture_upper(&slot.paths.upper(rec.instance), &upper_tar)
-        .map_err(|source| CheckpointError::FsCapture { id: id.clone(), source })?;
+    belayer_overlay::capture_upper(&slot.paths.upper(rec.instance), &upper_tar).map_err(
+        |source| CheckpointError::FsCapture {
+            id: id.clone(),
+            source,
+        },
+    )?;
     t.fs_capture = ms(t_fs);
     fault(req.fault, FailPoint::AfterFsCapture)?;
 
@@ -196,7 +218,12 @@ fn take(
         .file_locks(true)
         .network_lock(Some(NetworkLock::Skip));
     let dump = dump.action_script(fault_during_dump(req.fault, &work)?);
-    rt.criu.dump(&dump).map_err(|source| CheckpointError::Dump { id: id.clone(), source })?;
+    rt.criu
+        .dump(&dump)
+        .map_err(|source| CheckpointError::Dump {
+            id: id.clone(),
+            source,
+        })?;
     t.criu_dump = ms(t_dump);
     drop(frozen);
     t.frozen_total = ms(t_freeze);
@@ -227,7 +254,10 @@ fn take(
         seq: staging.seq(),
         image: rec.spec.image.clone(),
         instance: rec.instance,
-        context: ContextRecord { record: format!("{id}/k{}", req.prefix), artifact: context },
+        context: ContextRecord {
+            record: format!("{id}/k{}", req.prefix),
+            artifact: context,
+        },
         upper,
         criu,
         timings_ms: t.clone(),
@@ -238,9 +268,15 @@ fn take(
     {
         let json = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
         fs::write(&manifest_path, json).map_err(write_err(&manifest_path))?;
-        sys::fsync_path(&manifest_path).map_err(|e| CheckpointError::Write { path: manifest_path.clone(), source: e.source })?;
+        sys::fsync_path(&manifest_path).map_err(|e| CheckpointError::Write {
+            path: manifest_path.clone(),
+            source: e.source,
+        })?;
         for d in [&criu_dir, &dir] {
-            sys::fsync_path(d).map_err(|e| CheckpointError::Write { path: d.to_path_buf(), source: e.source })?;
+            sys::fsync_path(d).map_err(|e| CheckpointError::Write {
+                path: d.to_path_buf(),
+                source: e.source,
+            })?;
         }
     }
     fault(req.fault, FailPoint::BeforeRename)?;
@@ -272,18 +308,26 @@ fn fault_during_dump(
     f: Option<TestFault>,
     work: &std::path::Path,
 ) -> Result<Option<std::path::PathBuf>, CheckpointError> {
-    let Some(f) = f.filter(|f| f.at == FailPoint::DuringCriuDump) else { return Ok(None) };
+    let Some(f) = f.filter(|f| f.at == FailPoint::DuringCriuDump) else {
+        return Ok(None);
+    };
     let action = if f.kill_daemon {
         format!("kill -9 {}; exit 1", std::process::id())
     } else {
         "exit 1".to_string()
     };
-    let script = format!(
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n{action}\n"
-    );
+    let script =
+        format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n{action}\n");
     let path = work.join("fault-during-dump.sh");
-    fs::write(&path, script).map_err(|source| CheckpointError::Write { path: path.clone(), source })?;
-    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .map_err(|source| CheckpointError::Write { path: path.clone(), source })?;
+    fs::write(&path, script).map_err(|source| CheckpointError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(
+        |source| CheckpointError::Write {
+            path: path.clone(),
+            source,
+        },
+    )?;
     Ok(Some(path))
 }

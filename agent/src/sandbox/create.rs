@@ -79,18 +79,24 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
 pub fn create(rt: &Runtime, spec: SandboxSpec) -> Result<SandboxSlot, CreateError> {
     let lower = rt.images.rootfs(&spec.image)?;
     if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
-        return Err(CreateError::InvalidSpec(format!("bad environment variable {k:?}")));
+        return Err(CreateError::InvalidSpec(format!(
+            "bad environment variable {k:?}"
+        )));
     }
     if let Some(tag) = spec.tag.as_deref().filter(|t| !valid_name(t)) {
         return Err(CreateError::InvalidSpec(format!("bad tag {tag:?}")));
     }
     if spec.pids_max == Some(0) || spec.memory_max.is_some_and(|m| m < (1 << 20)) {
-        return Err(CreateError::InvalidSpec("limits too small (pids ≥ 1, memory ≥ 1 MiB)".into()));
+        return Err(CreateError::InvalidSpec(
+            "limits too small (pids ≥ 1, memory ≥ 1 MiB)".into(),
+        ));
     }
     let id = format!("sb-{}", sys::random_hex(6));
     let paths = SandboxPaths::new(&rt.config.state_dir, &id);
-    fs::create_dir_all(&paths.dir)
-        .map_err(|source| CreateError::Dirs { path: paths.dir.clone(), source })?;
+    fs::create_dir_all(&paths.dir).map_err(|source| CreateError::Dirs {
+        path: paths.dir.clone(),
+        source,
+    })?;
     let mut rec = SandboxRecord {
         cgroup: rt.cgroup_rel(&id),
         id,
@@ -142,16 +148,25 @@ impl Instance {
     ) -> Result<Instance, CreateError> {
         let _ = rt;
         for d in [paths.upper(n), paths.work(n), paths.merged(n)] {
-            fs::create_dir_all(&d).map_err(|source| CreateError::Dirs { path: d.clone(), source })?;
+            fs::create_dir_all(&d).map_err(|source| CreateError::Dirs {
+                path: d.clone(),
+                source,
+            })?;
         }
         let mount = OverlayMount::mount(lower, &paths.upper(n), &paths.work(n), &paths.merged(n))?;
         let cgroup = SandboxCgroup::create(&rec.cgroup, &rec.limits())?;
-        Ok(Instance { mount: Some(mount), cgroup: Some(cgroup), n })
+        Ok(Instance {
+            mount: Some(mount),
+            cgroup: Some(cgroup),
+            n,
+        })
     }
 
     /// The cgroup.
     pub(crate) fn cgroup(&self) -> &SandboxCgroup {
-        self.cgroup.as_ref().expect("instance cgroup present until kept")
+        self.cgroup
+            .as_ref()
+            .expect("instance cgroup present until kept")
     }
 
     /// Starts the sandbox init through the `init` helper; on success the instance is kept.

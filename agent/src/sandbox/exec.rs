@@ -75,7 +75,11 @@ impl ExecError {
 
 /// Quotes one word for `sh`.
 fn shell_quote(word: &str) -> String {
-    if !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+    if !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', "'\\''"))
@@ -87,32 +91,50 @@ pub fn command_line(argv: &[String]) -> String {
     if argv.len() == 1 {
         argv[0].clone()
     } else {
-        argv.iter().map(|w| shell_quote(w)).collect::<Vec<_>>().join(" ")
+        argv.iter()
+            .map(|w| shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
 /// Runs `req` in the sandbox of `slot`. Holds the sandbox's verb lock for the whole action.
 pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecResult, ExecError> {
     if req.argv.is_empty() || req.argv.iter().any(|a| a.contains('\0')) {
-        return Err(ExecError::Invalid("empty command or NUL byte in the command".into()));
+        return Err(ExecError::Invalid(
+            "empty command or NUL byte in the command".into(),
+        ));
     }
     if let Some((k, _)) = req.env.iter().find(|(k, v)| !valid_env(k, v)) {
-        return Err(ExecError::Invalid(format!("bad environment variable {k:?}")));
+        return Err(ExecError::Invalid(format!(
+            "bad environment variable {k:?}"
+        )));
     }
-    if req.cwd.as_deref().is_some_and(|c| c.contains('\0') || !c.starts_with('/')) {
+    if req
+        .cwd
+        .as_deref()
+        .is_some_and(|c| c.contains('\0') || !c.starts_with('/'))
+    {
         return Err(ExecError::Invalid("cwd must be an absolute path".into()));
     }
     let _op = slot.lock_op();
     let rec = slot.refresh();
     if !rec.state.can_exec() || !rec.init_alive() {
-        let state = if rec.state == SandboxState::Running { "failed" } else { rec.state.as_str() };
-        return Err(ExecError::NotRunning { id: rec.id.clone(), state });
+        let state = if rec.state == SandboxState::Running {
+            "failed"
+        } else {
+            rec.state.as_str()
+        };
+        return Err(ExecError::NotRunning {
+            id: rec.id.clone(),
+            state,
+        });
     }
     let (pid, start) = (rec.init_pid.unwrap_or(0), rec.init_start_time.unwrap_or(0));
     let limit = req.output_limit.unwrap_or(rt.config.output_limit_bytes);
-    let timeout_ms = req.timeout_ms.or_else(|| {
-        (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000)
-    });
+    let timeout_ms = req
+        .timeout_ms
+        .or_else(|| (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000));
     let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|e| ExecError::Enter {
         id: rec.id.clone(),
         message: e.to_string(),
@@ -147,7 +169,10 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         cmd.arg("--env").arg(format!("{k}={v}"));
     }
     cmd.arg("--").arg(command_line(&req.argv));
-    let helper_err = |source| ExecError::Helper { id: rec.id.clone(), source };
+    let helper_err = |source| ExecError::Helper {
+        id: rec.id.clone(),
+        source,
+    };
     cmd.stdin(Stdio::null())
         .stdout(stdout.try_clone().map_err(helper_err)?)
         .stderr(stderr.try_clone().map_err(helper_err)?);
@@ -171,7 +196,10 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     read.map_err(helper_err)?;
     waited.map_err(helper_err)?;
-    let status = parse_status(&line).map_err(|message| ExecError::Enter { id: rec.id.clone(), message })?;
+    let status = parse_status(&line).map_err(|message| ExecError::Enter {
+        id: rec.id.clone(),
+        message,
+    })?;
 
     let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;
     let (err, t2) = read_bounded(&stderr, limit).map_err(helper_err)?;
@@ -210,9 +238,18 @@ mod tests {
 
     #[test]
     fn command_lines() {
-        assert_eq!(command_line(&["echo hi > /tmp/x".into()]), "echo hi > /tmp/x");
-        assert_eq!(command_line(&["ls".into(), "-la".into(), "/a b".into()]), "ls -la '/a b'");
-        assert_eq!(command_line(&["echo".into(), "it's".into()]), "echo 'it'\\''s'");
+        assert_eq!(
+            command_line(&["echo hi > /tmp/x".into()]),
+            "echo hi > /tmp/x"
+        );
+        assert_eq!(
+            command_line(&["ls".into(), "-la".into(), "/a b".into()]),
+            "ls -la '/a b'"
+        );
+        assert_eq!(
+            command_line(&["echo".into(), "it's".into()]),
+            "echo 'it'\\''s'"
+        );
     }
 
     #[test]
@@ -221,6 +258,9 @@ mod tests {
         use std::io::Write;
         (&f).write_all(b"hello world").unwrap();
         assert_eq!(read_bounded(&f, 5).unwrap(), (b"hello".to_vec(), true));
-        assert_eq!(read_bounded(&f, 100).unwrap(), (b"hello world".to_vec(), false));
+        assert_eq!(
+            read_bounded(&f, 100).unwrap(),
+            (b"hello world".to_vec(), false)
+        );
     }
 }

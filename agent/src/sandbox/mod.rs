@@ -84,7 +84,9 @@ pub struct SandboxPaths {
 impl SandboxPaths {
     /// Paths of sandbox `id` under `state_dir`.
     pub fn new(state_dir: &Path, id: &str) -> Self {
-        Self { dir: state_dir.join("sandboxes").join(id) }
+        Self {
+            dir: state_dir.join("sandboxes").join(id),
+        }
     }
     /// `state.json`.
     pub fn state_file(&self) -> PathBuf {
@@ -122,7 +124,11 @@ impl SandboxRecord {
         let path = paths.state_file();
         let tmp = paths.dir.join(".state.json.tmp");
         let json = serde_json::to_vec_pretty(self).unwrap_or_default();
-        let err = |source| RecordError::Io { op: "write", path: path.clone(), source };
+        let err = |source| RecordError::Io {
+            op: "write",
+            path: path.clone(),
+            source,
+        };
         fs::write(&tmp, json).map_err(err)?;
         fs::rename(&tmp, &path).map_err(err)
     }
@@ -130,14 +136,20 @@ impl SandboxRecord {
     /// Reads `state.json`.
     pub fn load(paths: &SandboxPaths) -> Result<SandboxRecord, RecordError> {
         let path = paths.state_file();
-        let bytes =
-            fs::read(&path).map_err(|source| RecordError::Io { op: "read", path: path.clone(), source })?;
+        let bytes = fs::read(&path).map_err(|source| RecordError::Io {
+            op: "read",
+            path: path.clone(),
+            source,
+        })?;
         serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse { path, source })
     }
 
     /// Cgroup limits from the spec.
     pub fn limits(&self) -> Limits {
-        Limits { memory_max: self.spec.memory_max, pids_max: self.spec.pids_max }
+        Limits {
+            memory_max: self.spec.memory_max,
+            pids_max: self.spec.pids_max,
+        }
     }
 
     /// Whether the init of the current instance is alive (same pid, same start time).
@@ -162,7 +174,11 @@ pub struct SandboxSlot {
 impl SandboxSlot {
     /// Wraps a record.
     pub fn new(rec: SandboxRecord, paths: SandboxPaths) -> Self {
-        Self { op: Mutex::new(()), rec: Mutex::new(rec), paths }
+        Self {
+            op: Mutex::new(()),
+            rec: Mutex::new(rec),
+            paths,
+        }
     }
 
     /// Locks the record.
@@ -202,7 +218,9 @@ impl SandboxSlot {
     /// Client view.
     pub fn info(&self, ready_prefix: Option<u64>) -> SandboxInfo {
         let rec = self.refresh();
-        let pids = SandboxCgroup::open(&rec.cgroup).and_then(|cg| cg.pids()).unwrap_or_default();
+        let pids = SandboxCgroup::open(&rec.cgroup)
+            .and_then(|cg| cg.pids())
+            .unwrap_or_default();
         SandboxInfo {
             id: rec.id.clone(),
             image: rec.spec.image.clone(),
@@ -217,4 +235,3 @@ impl SandboxSlot {
         }
     }
 }
-

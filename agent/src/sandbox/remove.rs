@@ -42,7 +42,10 @@ impl RemoveError {
 pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
     let _op = slot.lock_op();
     let id = slot.record().id.clone();
-    teardown(slot).map_err(|source| RemoveError::Teardown { id: id.clone(), source })?;
+    teardown(slot).map_err(|source| RemoveError::Teardown {
+        id: id.clone(),
+        source,
+    })?;
     // Every instance root still mounted (the current one, or one left by an interrupted
     // restore).
     if let Ok(entries) = fs::read_dir(&slot.paths.dir) {
@@ -53,8 +56,10 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
             }
         }
     }
-    fs::remove_dir_all(&slot.paths.dir)
-        .map_err(|source| RemoveError::Delete { path: slot.paths.dir.clone(), source })?;
+    fs::remove_dir_all(&slot.paths.dir).map_err(|source| RemoveError::Delete {
+        path: slot.paths.dir.clone(),
+        source,
+    })?;
     tracing::info!(sandbox = %id, "sandbox removed");
     Ok(())
 }

@@ -109,11 +109,15 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
     // 1. Verify first: a corrupt checkpoint must not cost the running instance.
     let t_verify = Instant::now();
     let store = CheckpointStore::open(&slot.paths.checkpoints())?;
-    let ready = store.ready().map_err(|source| RestoreError::Corrupt { id: id.clone(), source })?;
+    let ready = store.ready().map_err(|source| RestoreError::Corrupt {
+        id: id.clone(),
+        source,
+    })?;
     let manifest = match &ready {
-        Some(name) => {
-            Some(store.verify(name).map_err(|source| RestoreError::Corrupt { id: id.clone(), source })?)
-        }
+        Some(name) => Some(store.verify(name).map_err(|source| RestoreError::Corrupt {
+            id: id.clone(),
+            source,
+        })?),
         None => None,
     };
     let context = match &manifest {
@@ -121,12 +125,18 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
         None => Vec::new(),
     };
     t.verify = ms(t_verify);
-    let lower = rt.images.rootfs(&rec.spec.image).map_err(CreateError::from)?;
+    let lower = rt
+        .images
+        .rootfs(&rec.spec.image)
+        .map_err(CreateError::from)?;
 
     // 2. Tear down the failed instance.
     slot.set_state(SandboxState::Restoring)?;
     let t_down = Instant::now();
-    teardown(slot).map_err(|source| RestoreError::Teardown { id: id.clone(), source })?;
+    teardown(slot).map_err(|source| RestoreError::Teardown {
+        id: id.clone(),
+        source,
+    })?;
     t.teardown = ms(t_down);
 
     // 3. A fresh instance.
@@ -134,14 +144,24 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
     let t_fs = Instant::now();
     let inst_dir = slot.paths.instance(n);
     if inst_dir.exists() {
-        fs::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs { path: inst_dir.clone(), source })?;
+        fs::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs {
+            path: inst_dir.clone(),
+            source,
+        })?;
     }
     let upper = slot.paths.upper(n);
-    fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs { path: upper.clone(), source })?;
+    fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs {
+        path: upper.clone(),
+        source,
+    })?;
     if let Some(m) = &manifest {
         let archive = store.path(&m.checkpoint).join(&m.upper.path);
-        belayer_overlay::install_upper(&archive, &upper, &Default::default())
-            .map_err(|source| RestoreError::FsInstall { id: id.clone(), source })?;
+        belayer_overlay::install_upper(&archive, &upper, &Default::default()).map_err(
+            |source| RestoreError::FsInstall {
+                id: id.clone(),
+                source,
+            },
+        )?;
     }
     t.fs_install = ms(t_fs);
     let mut snapshot = slot.record().clone();
@@ -154,18 +174,27 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
         Some(m) => {
             let work = slot.paths.criu_work();
             let _ = fs::remove_dir_all(&work);
-            fs::create_dir_all(&work).map_err(|source| RestoreError::Dirs { path: work.clone(), source })?;
+            fs::create_dir_all(&work).map_err(|source| RestoreError::Dirs {
+                path: work.clone(),
+                source,
+            })?;
             let images = store.path(&m.checkpoint).join("criu");
             let mut instance = instance;
-            let cgroup_dirs = instance.cgroup().procs_files().into_iter().filter_map(|f| f.parent().map(|p| p.to_path_buf()));
+            let cgroup_dirs = instance
+                .cgroup()
+                .procs_files()
+                .into_iter()
+                .filter_map(|f| f.parent().map(|p| p.to_path_buf()));
             let req = RestoreRequest::new(&images, &work)
                 .root(slot.paths.merged(n))
                 .tcp_established(true)
                 .file_locks(true)
                 .network_lock(Some(NetworkLock::Skip))
                 .join_cgroups(cgroup_dirs);
-            let outcome =
-                rt.criu.restore(&req).map_err(|source| RestoreError::Criu { id: id.clone(), source })?;
+            let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
+                id: id.clone(),
+                source,
+            })?;
             instance.keep();
             let start = sys::process_start_time(outcome.pid).unwrap_or(0);
             (outcome.pid, start)
@@ -188,7 +217,13 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
     t.total = ms(started);
     let prefix = manifest.as_ref().map(|m| m.prefix);
     tracing::info!(sandbox = %id, ?prefix, pid, total_ms = t.total, "sandbox restored");
-    Ok(RestoreInfo { sandbox: id, prefix, context, init_pid: pid, timings_ms: t })
+    Ok(RestoreInfo {
+        sandbox: id,
+        prefix,
+        context,
+        init_pid: pid,
+        timings_ms: t,
+    })
 }
 
 /// Kills every process of the current instance, reaps the init, unmounts its root and removes

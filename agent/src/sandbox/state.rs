@@ -61,6 +61,9 @@ mod tests {
         assert!(!SandboxState::Failed.can_exec());
         assert!(!SandboxState::Checkpointing.can_checkpoint());
         assert!(SandboxState::Failed.can_restore());
-        assert_eq!(serde_json::to_string(&SandboxState::Failed).unwrap(), "\"failed\"");
+        assert_eq!(
+            serde_json::to_string(&SandboxState::Failed).unwrap(),
+            "\"failed\""
+        );
     }
 }

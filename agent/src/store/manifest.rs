@@ -73,7 +73,9 @@ pub struct Manifest {
 impl Manifest {
     /// Every artifact, context first.
     pub fn artifacts(&self) -> impl Iterator<Item = &Artifact> {
-        std::iter::once(&self.context.artifact).chain(std::iter::once(&self.upper)).chain(self.criu.iter())
+        std::iter::once(&self.context.artifact)
+            .chain(std::iter::once(&self.upper))
+            .chain(self.criu.iter())
     }
 
     /// Total bytes of all artifacts.

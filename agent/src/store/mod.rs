@@ -120,7 +120,9 @@ impl CheckpointStore {
     /// Opens (creating) the store at `dir`.
     pub fn open(dir: &Path) -> Result<CheckpointStore, StoreError> {
         fs::create_dir_all(dir).map_err(io("mkdir", dir))?;
-        Ok(CheckpointStore { dir: dir.to_path_buf() })
+        Ok(CheckpointStore {
+            dir: dir.to_path_buf(),
+        })
     }
 
     /// The store directory.
@@ -152,7 +154,10 @@ impl CheckpointStore {
 
     fn published_names(&self) -> Result<Vec<(u64, String)>, StoreError> {
         let mut out = Vec::new();
-        for e in fs::read_dir(&self.dir).map_err(io("readdir", &self.dir))?.flatten() {
+        for e in fs::read_dir(&self.dir)
+            .map_err(io("readdir", &self.dir))?
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().into_owned();
             if let Some(seq) = parse_seq(&name) {
                 out.push((seq, name));
@@ -167,7 +172,12 @@ impl CheckpointStore {
         let seq = self.published_names()?.last().map_or(1, |(s, _)| s + 1);
         let dir = self.dir.join(format!(".tmp-{}", sys::random_hex(6)));
         fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
-        Ok(Staging { dir, seq, prefix, published: false })
+        Ok(Staging {
+            dir,
+            seq,
+            prefix,
+            published: false,
+        })
     }
 
     /// Renames a complete, fsync'd staging directory to its final name and fsyncs the store.
@@ -212,9 +222,13 @@ impl CheckpointStore {
             Err(e) => return Err(e),
         };
         let mut removed = 0;
-        for e in fs::read_dir(&self.dir).map_err(io("readdir", &self.dir))?.flatten() {
+        for e in fs::read_dir(&self.dir)
+            .map_err(io("readdir", &self.dir))?
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().into_owned();
-            let stale = name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > ready_seq);
+            let stale =
+                name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > ready_seq);
             if stale {
                 fs::remove_dir_all(e.path()).map_err(io("rmdir", &e.path()))?;
                 removed += 1;
@@ -225,7 +239,9 @@ impl CheckpointStore {
 
     /// Manifests of the visible checkpoints (sequence ≤ the ready one), oldest first.
     pub fn list(&self) -> Result<Vec<Manifest>, StoreError> {
-        let Some(ready) = self.ready()? else { return Ok(Vec::new()) };
+        let Some(ready) = self.ready()? else {
+            return Ok(Vec::new());
+        };
         let ready_seq = parse_seq(&ready).unwrap_or(0);
         let mut out = Vec::new();
         for (seq, name) in self.published_names()? {
@@ -280,7 +296,11 @@ impl CheckpointStore {
                 return Err(corrupt("not a regular file".into()));
             }
             if meta.len() != a.bytes {
-                return Err(corrupt(format!("{} bytes, manifest says {}", meta.len(), a.bytes)));
+                return Err(corrupt(format!(
+                    "{} bytes, manifest says {}",
+                    meta.len(),
+                    a.bytes
+                )));
             }
             let digest = digest_file(&p).map_err(|e| corrupt(format!("unreadable ({e})")))?;
             if digest != a.digest {
@@ -326,7 +346,11 @@ pub fn artifact(root: &Path, rel: &str) -> std::io::Result<Artifact> {
     let f = fs::File::open(&p)?;
     f.sync_all()?;
     let bytes = f.metadata()?.len();
-    Ok(Artifact { path: rel.to_string(), bytes, digest: digest_file(&p)? })
+    Ok(Artifact {
+        path: rel.to_string(),
+        bytes,
+        digest: digest_file(&p)?,
+    })
 }
 
 #[cfg(test)]
@@ -353,7 +377,11 @@ mod tests {
             timings_ms: Default::default(),
             created_unix_ms: 0,
         };
-        fs::write(staging.dir().join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        fs::write(
+            staging.dir().join(MANIFEST),
+            serde_json::to_vec(&m).unwrap(),
+        )
+        .unwrap();
         let _ = store;
         m
     }
@@ -379,7 +407,10 @@ mod tests {
         // Flip one byte → corrupt.
         let p = store.path(&s2.name()).join("upper.tar");
         fs::write(&p, b"taR").unwrap();
-        assert!(matches!(store.verify(&s2.name()), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            store.verify(&s2.name()),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 
     #[test]
