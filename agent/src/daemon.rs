@@ -355,8 +355,8 @@ impl Agent {
                 },
                 None => unknown(&req.id),
             },
-            Request::Restore { id } => match self.slot(&id) {
-                Some(slot) => match sandbox::restore::restore(&self.rt, &slot) {
+            Request::Restore { id, verify } => match self.slot(&id) {
+                Some(slot) => match sandbox::restore::restore(&self.rt, &slot, verify) {
                     Ok(info) => Response::Restored(info),
                     Err(e) => error(e.code(), &e),
                 },

@@ -26,6 +26,7 @@ pub struct RestoreRequest {
     work_dir: PathBuf,
     root: Option<PathBuf>,
     restore_sibling: bool,
+    leave_stopped: bool,
     ext_mount_auto: bool,
     tcp_established: bool,
     file_locks: bool,
@@ -133,6 +134,7 @@ impl RestoreRequest {
             work_dir: work_dir.into(),
             root: None,
             restore_sibling: true,
+            leave_stopped: false,
             ext_mount_auto: true,
             tcp_established: false,
             file_locks: false,
@@ -155,6 +157,13 @@ impl RestoreRequest {
     /// CRIU's child and, once CRIU exits, is re-parented to the nearest child subreaper (or init).
     pub fn restore_sibling(mut self, on: bool) -> Self {
         self.restore_sibling = on;
+        self
+    }
+
+    /// `--leave-stopped`: every restored task is left stopped (SIGSTOP) instead of resumed, so
+    /// the caller can inspect the exact restored tree; it must then send SIGCONT to each task.
+    pub fn leave_stopped(mut self, on: bool) -> Self {
+        self.leave_stopped = on;
         self
     }
 
@@ -237,6 +246,9 @@ impl RestoreRequest {
         a.push("--restore-detached".into());
         if self.restore_sibling {
             a.push("--restore-sibling".into());
+        }
+        if self.leave_stopped {
+            a.push("--leave-stopped".into());
         }
         push(&mut a, "--pidfile", self.pidfile_path());
         if let Some(root) = &self.root {

@@ -4,7 +4,8 @@
 //! offset  size  field
 //!      0     4  magic  b"BLYR"
 //!      4     2  protocol version, u16 little-endian (PROTOCOL_VERSION)
-//!      6     1  kind: 1 = request, 2 = response, 3 = event
+//!      6     1  kind: 1 = request, 2 = response, 3 = event, 4 = memory request,
+//!               5 = memory response
 //!      7     1  flags, reserved, must be 0
 //!      8     4  payload length in bytes, u32 little-endian
 //!     12     4  CRC32 (IEEE, as computed by crc32fast) of the payload, u32 little-endian
@@ -47,6 +48,11 @@ pub enum Kind {
     Response = 2,
     /// An asynchronous event (`Envelope<Event>`, id 0).
     Event = 3,
+    /// A memory-server request (`Envelope<MemRequest>`, see [`crate::memory`]).
+    MemRequest = 4,
+    /// A memory-server response (`Envelope<MemResponse>`, region fds attached by
+    /// `SCM_RIGHTS`).
+    MemResponse = 5,
 }
 
 impl Kind {
@@ -56,6 +62,8 @@ impl Kind {
             1 => Some(Kind::Request),
             2 => Some(Kind::Response),
             3 => Some(Kind::Event),
+            4 => Some(Kind::MemRequest),
+            5 => Some(Kind::MemResponse),
             _ => None,
         }
     }
@@ -72,6 +80,8 @@ impl fmt::Display for Kind {
             Kind::Request => "request",
             Kind::Response => "response",
             Kind::Event => "event",
+            Kind::MemRequest => "memory request",
+            Kind::MemResponse => "memory response",
         })
     }
 }
@@ -111,7 +121,7 @@ pub enum FrameError {
         /// Version this side speaks.
         supported: u16,
     },
-    /// The kind byte is not 1, 2 or 3.
+    /// The kind byte is not one of 1 to 5.
     #[error("unknown message kind {got}")]
     UnknownKind {
         /// Kind byte in the header.
@@ -618,6 +628,7 @@ mod tests {
             }),
             Request::Restore {
                 id: "sb-1".to_owned(),
+                verify: true,
             },
             Request::ListCheckpoints {
                 id: "sb-1".to_owned(),
@@ -662,6 +673,12 @@ mod tests {
                     criu_restore: 4.0,
                     total: 10.0,
                 },
+                validity: Some(crate::message::RestoreValidity {
+                    fs_matches: true,
+                    processes_match: true,
+                    expected_processes: vec!["1 sh".to_owned()],
+                    restored_processes: vec!["1 sh".to_owned()],
+                }),
             }),
             Response::Gc {
                 removed: 2,
@@ -843,7 +860,7 @@ mod tests {
             })
         ));
 
-        for kind in [0u8, 4, 255] {
+        for kind in [0u8, 6, 255] {
             let mut bad = frame.clone();
             bad[6] = kind;
             assert!(matches!(
@@ -984,7 +1001,13 @@ mod tests {
 
     #[test]
     fn kind_bytes_round_trip() {
-        for kind in [Kind::Request, Kind::Response, Kind::Event] {
+        for kind in [
+            Kind::Request,
+            Kind::Response,
+            Kind::Event,
+            Kind::MemRequest,
+            Kind::MemResponse,
+        ] {
             assert_eq!(Kind::from_byte(kind.byte()), Some(kind));
         }
         assert_eq!(Kind::from_byte(0), None);

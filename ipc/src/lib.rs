@@ -56,7 +56,7 @@ pub use frame::{
 pub use message::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, Envelope, ErrorCode, ErrorReply, Event,
     ExecRequest, ExecResult, FailPoint, ImageInfo, Request, Response, RestoreInfo, RestoreTimings,
-    SandboxInfo, SandboxSpec, StatusInfo, TestFault,
+    RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
 };
 pub use transport::{
     peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, Client, ClientError,

@@ -60,6 +60,10 @@ pub enum Request {
     Restore {
         /// Sandbox id.
         id: String,
+        /// Also check the restored state against the checkpoint (upper layer re-captured and
+        /// compared by digest; process list compared) and report it in
+        /// [`RestoreInfo::validity`]. Costs one more upper-layer capture.
+        verify: bool,
     },
     /// List the ready checkpoints of a sandbox, oldest first.
     ListCheckpoints {
@@ -318,6 +322,21 @@ pub struct RestoreInfo {
     pub init_pid: i32,
     /// Phase timings.
     pub timings_ms: RestoreTimings,
+    /// Result of the validity check, when the request asked for it and a checkpoint was used.
+    pub validity: Option<RestoreValidity>,
+}
+
+/// Whether a restored sandbox matches what was recorded at checkpoint time.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RestoreValidity {
+    /// The restored upper layer, captured again, has the checkpoint's digest.
+    pub fs_matches: bool,
+    /// The restored processes (pid in the sandbox, command) equal those recorded at checkpoint.
+    pub processes_match: bool,
+    /// Processes recorded at checkpoint time, `"<pid> <comm>"` sorted.
+    pub expected_processes: Vec<String>,
+    /// Processes found after the restore, same format.
+    pub restored_processes: Vec<String>,
 }
 
 /// An imported image.

@@ -277,7 +277,12 @@ impl Capture {
         let kind = file_type(entry.stat);
         if kind == FileType::Directory {
             let dir = entry.dir.expect("the walk opens every directory");
-            let xattrs = sys::xattrs_of_fd(dir).map_err(read_err)?;
+            let mut xattrs = sys::xattrs_of_fd(dir).map_err(read_err)?;
+            if rel.is_empty() {
+                // The root's uuid names the overlay instance, not content: install never
+                // restores it, so leaving it out keeps capture(install(a)) == a.
+                xattrs.retain(|(n, _)| n.as_slice() != b"trusted.overlay.uuid");
+            }
             let mut name = rel.to_vec();
             name.extend_from_slice(if rel.is_empty() { b"./" } else { b"/" });
             return self.append(&name, entry.stat, &xattrs, Member::Directory);

@@ -249,6 +249,18 @@ impl Daemon {
         String::from_utf8_lossy(&r.stdout).trim().to_string()
     }
 
+    /// Reads a number that a background loop of the sandbox keeps rewriting, retrying the
+    /// instant between truncation and write (when the file is empty).
+    pub fn number(&self, id: &str, path: &str) -> u64 {
+        for _ in 0..50 {
+            if let Ok(n) = self.sh(id, &format!("cat {path}")).parse() {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("{path} in {id} never held a number");
+    }
+
     /// Takes a checkpoint; returns the daemon's raw answer.
     pub fn checkpoint_raw(
         &self,
@@ -275,7 +287,10 @@ impl Daemon {
 
     /// Restores; returns the daemon's raw answer.
     pub fn restore_raw(&self, id: &str) -> Response {
-        self.call(Request::Restore { id: id.into() })
+        self.call(Request::Restore {
+            id: id.into(),
+            verify: true,
+        })
     }
 
     /// Restores, which must succeed.

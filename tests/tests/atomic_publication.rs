@@ -52,9 +52,9 @@ fn assert_previous_in_effect(d: &Daemon, id: &str, what: &str) {
         "{what}: {entries:?}"
     );
     // Thawed: an action runs (it would hang on a frozen cgroup) and the loop still counts.
-    let a: u64 = d.sh(id, "cat /tmp/count").parse().unwrap();
+    let a = d.number(id, "/tmp/count");
     std::thread::sleep(std::time::Duration::from_millis(250));
-    let b: u64 = d.sh(id, "cat /tmp/count").parse().unwrap();
+    let b = d.number(id, "/tmp/count");
     assert!(b > a, "{what}: sandbox still frozen ({a} → {b})");
 }
 

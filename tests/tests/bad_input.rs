@@ -69,7 +69,10 @@ fn unknown_ids_and_names() {
         ErrorCode::UnknownSandbox,
     );
     expect_error(
-        d.call(Request::Restore { id: "nope".into() }),
+        d.call(Request::Restore {
+            id: "nope".into(),
+            verify: false,
+        }),
         ErrorCode::UnknownSandbox,
     );
     expect_error(

@@ -13,7 +13,7 @@ use belayer_tests::{python_rootfs, Daemon};
 const EXCLUDE: &[&str] = &["proc", "dev", "counter.txt", "pipe.txt"];
 
 fn counter(d: &Daemon, id: &str) -> u64 {
-    d.sh(id, "cat /counter.txt").parse().unwrap_or(0)
+    d.number(id, "/counter.txt")
 }
 
 #[test]
@@ -71,6 +71,18 @@ while True:
     let restored = d.restore(id);
     assert_eq!(restored.prefix, Some(3));
     assert_eq!(restored.context, context.to_vec(), "L_3 comes back exactly");
+    let validity = restored.validity.expect("validity was requested");
+    assert!(validity.fs_matches, "restored upper layer differs from F_3");
+    assert!(
+        validity.processes_match,
+        "{:?} vs {:?}",
+        validity.expected_processes, validity.restored_processes
+    );
+    assert!(
+        validity.expected_processes.iter().any(|p| p == "1 sh"),
+        "{:?}",
+        validity.expected_processes
+    );
     let info = d.inspect(id);
     assert_eq!(info.state, "running");
     assert_eq!(info.instance, 1);
@@ -105,9 +117,9 @@ while True:
     );
     assert_eq!(pong, "pong");
     // The pipe pair is still connected: the reader keeps counting what the writer sends.
-    let p1: u64 = d.sh(id, "cat /pipe.txt").parse().unwrap();
+    let p1 = d.number(id, "/pipe.txt");
     std::thread::sleep(Duration::from_millis(300));
-    let p2: u64 = d.sh(id, "cat /pipe.txt").parse().unwrap();
+    let p2 = d.number(id, "/pipe.txt");
     assert!(p2 > p1, "pipe reader advances after restore ({p1} → {p2})");
 }
 

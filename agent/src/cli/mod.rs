@@ -165,6 +165,9 @@ pub struct RestoreArgs {
     /// Write the restored L_k to this file (JSON then names it as `context_file`).
     #[arg(long)]
     pub context_out: Option<PathBuf>,
+    /// Check the restored upper layer and process list against the checkpoint.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// Arguments of `gc`.
@@ -315,7 +318,13 @@ pub fn run(cli: Cli) -> Result<i32> {
             };
             p.response(call(&mut c, Request::Checkpoint(req))?)
         }
-        Command::Restore(a) => match call(&mut c, Request::Restore { id: a.id })? {
+        Command::Restore(a) => match call(
+            &mut c,
+            Request::Restore {
+                id: a.id,
+                verify: a.verify,
+            },
+        )? {
             Response::Restored(r) => p.restored(&r, a.context_out.as_deref())?,
             r => p.response(r),
         },

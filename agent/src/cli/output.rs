@@ -68,6 +68,7 @@ impl Printer {
                 "restarted_from_base": r.prefix.is_none(),
                 "init_pid": r.init_pid,
                 "timings_ms": r.timings_ms,
+                "validity": r.validity,
             });
             match context_out {
                 Some(p) => v["context_file"] = json!(p.display().to_string()),

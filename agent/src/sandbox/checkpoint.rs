@@ -199,6 +199,7 @@ fn take(
         })?;
     t.freeze = ms(t_freeze);
     fault(req.fault, FailPoint::AfterFreeze)?;
+    let processes = super::process_list(&cgroup);
 
     let t_fs = Instant::now();
     let upper_tar = dir.join("upper.tar");
@@ -260,6 +261,7 @@ fn take(
         },
         upper,
         criu,
+        processes,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };

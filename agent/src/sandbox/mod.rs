@@ -118,6 +118,30 @@ impl SandboxPaths {
     }
 }
 
+/// The processes of a sandbox as `"<pid in the sandbox> <comm>"`, sorted: the process-list
+/// half of the validity check of a restore (CRIU restores the same pids inside the sandbox's
+/// pid namespace).
+pub fn process_list(cgroup: &SandboxCgroup) -> Vec<String> {
+    let mut out: Vec<String> = cgroup
+        .pids()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim().to_string())
+            };
+            let nspid = field("NSpid:")?.split_whitespace().last()?.to_string();
+            Some(format!("{nspid} {}", field("Name:")?))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 impl SandboxRecord {
     /// Writes `state.json` atomically.
     pub fn save(&self, paths: &SandboxPaths) -> Result<(), RecordError> {

@@ -15,7 +15,7 @@ use std::fs;
 use std::time::{Duration, Instant};
 
 use belayer_criu::{NetworkLock, RestoreRequest};
-use belayer_ipc::{ErrorCode, RestoreInfo, RestoreTimings};
+use belayer_ipc::{ErrorCode, RestoreInfo, RestoreTimings, RestoreValidity};
 
 use super::create::{CreateError, Instance};
 use super::{RecordError, SandboxPaths, SandboxSlot, SandboxState};
@@ -66,6 +66,15 @@ pub enum RestoreError {
         #[source]
         source: belayer_criu::RestoreError,
     },
+    /// Re-capturing the restored upper layer for the validity check failed.
+    #[error("cannot re-capture the restored upper layer of sandbox {id}")]
+    Verify {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::CaptureError,
+    },
     /// Store access failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -99,7 +108,11 @@ fn ms(since: Instant) -> f64 {
 
 /// Restores the sandbox in `slot` from its ready checkpoint, or from its base image when it has
 /// none.
-pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreError> {
+pub fn restore(
+    rt: &Runtime,
+    slot: &SandboxSlot,
+    verify: bool,
+) -> Result<RestoreInfo, RestoreError> {
     let started = Instant::now();
     let _op = slot.lock_op();
     let rec = slot.refresh();
@@ -164,12 +177,17 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
         )?;
     }
     t.fs_install = ms(t_fs);
+    let fs_matches = match (&manifest, verify) {
+        (Some(m), true) => Some(upper_matches(slot, &upper, &m.upper.digest)?),
+        _ => None,
+    };
     let mut snapshot = slot.record().clone();
     snapshot.instance = n;
     let instance = Instance::prepare(rt, &snapshot, &slot.paths, n, &lower)?;
 
     // 4. Processes.
     let t_criu = Instant::now();
+    let mut restored_processes = None;
     let (pid, start) = match &manifest {
         Some(m) => {
             let work = slot.paths.criu_work();
@@ -190,11 +208,17 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
                 .tcp_established(true)
                 .file_locks(true)
                 .network_lock(Some(NetworkLock::Skip))
+                .leave_stopped(verify)
                 .join_cgroups(cgroup_dirs);
             let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
                 id: id.clone(),
                 source,
             })?;
+            if verify {
+                // The tree is stopped: list it exactly as CRIU rebuilt it, then let it run.
+                restored_processes = Some(super::process_list(instance.cgroup()));
+                resume(instance.cgroup());
+            }
             instance.keep();
             let start = sys::process_start_time(outcome.pid).unwrap_or(0);
             (outcome.pid, start)
@@ -217,13 +241,56 @@ pub fn restore(rt: &Runtime, slot: &SandboxSlot) -> Result<RestoreInfo, RestoreE
     t.total = ms(started);
     let prefix = manifest.as_ref().map(|m| m.prefix);
     tracing::info!(sandbox = %id, ?prefix, pid, total_ms = t.total, "sandbox restored");
+    let validity = match (&manifest, fs_matches, restored_processes) {
+        (Some(m), Some(fs_matches), Some(restored)) => Some(RestoreValidity {
+            fs_matches,
+            processes_match: restored == m.processes,
+            expected_processes: m.processes.clone(),
+            restored_processes: restored,
+        }),
+        _ => None,
+    };
+    if let Some(v) = validity
+        .as_ref()
+        .filter(|v| !(v.fs_matches && v.processes_match))
+    {
+        tracing::warn!(sandbox = %id, ?v, "restored sandbox differs from its checkpoint");
+    }
     Ok(RestoreInfo {
         sandbox: id,
         prefix,
         context,
         init_pid: pid,
         timings_ms: t,
+        validity,
     })
+}
+
+/// Captures the freshly installed upper layer again and compares its digest with the
+/// checkpoint's (capture is deterministic, so equal trees give equal archives).
+fn upper_matches(
+    slot: &SandboxSlot,
+    upper: &std::path::Path,
+    digest: &str,
+) -> Result<bool, RestoreError> {
+    let archive = slot.paths.dir.join("verify-upper.tar");
+    let _ = fs::remove_file(&archive);
+    let id = slot.record().id.clone();
+    belayer_overlay::capture_upper(upper, &archive)
+        .map_err(|source| RestoreError::Verify { id, source })?;
+    let matches = crate::store::digest_file(&archive).map_err(|source| RestoreError::Dirs {
+        path: archive.clone(),
+        source,
+    })? == digest;
+    let _ = fs::remove_file(&archive);
+    Ok(matches)
+}
+
+/// Sends SIGCONT to every task of a tree CRIU left stopped.
+fn resume(cgroup: &SandboxCgroup) {
+    for pid in cgroup.pids().unwrap_or_default() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGCONT);
+    }
 }
 
 /// Kills every process of the current instance, reaps the init, unmounts its root and removes

@@ -64,6 +64,9 @@ pub struct Manifest {
     pub upper: Artifact,
     /// R_k: the CRIU image files.
     pub criu: Vec<Artifact>,
+    /// Processes of the sandbox when it was frozen, `"<pid in the sandbox> <comm>"`, sorted.
+    #[serde(default)]
+    pub processes: Vec<String>,
     /// Phase timings of the checkpoint, ms (publish and total are those known when written).
     pub timings_ms: CheckpointTimings,
     /// Publication time, ms since the Unix epoch.

@@ -374,6 +374,7 @@ mod tests {
             },
             upper: artifact(staging.dir(), "upper.tar").unwrap(),
             criu: vec![],
+            processes: vec![],
             timings_ms: Default::default(),
             created_unix_ms: 0,
         };
