@@ -12,7 +12,13 @@
 //! - [`store`]: the checkpoint store and manifest (atomic publication);
 //! - [`images`]: read-only images (lower layers);
 //! - [`cgroup`]: sandbox cgroups (v2, with v1 fallbacks for limits and the freezer);
+//! - [`context`]: the LLM-context log L_k (framed, CRC-checked records; torn-tail recovery);
+//! - [`policy`]: the adaptive risk-aware checkpoint policy (Algorithm 1) and its baselines;
+//! - [`report`]: the rollout report (`report.json`, `report.md`, SVG plots);
+//! - [`rollout`]: the rollout driver (`belayer rollout`) on recorded trajectories;
 //! - [`helper`]: single-threaded helper processes that create and enter namespaces;
+//! - [`memory`]: memory servers owning model weights and the KV-cache arena, handing region
+//!   descriptors to workers ("State isolation");
 //! - [`config`], [`runtime`], [`sys`].
 //!
 //! Dependencies and why: `belayer-ipc` (protocol), `belayer-overlay` (upper-layer capture and
@@ -25,9 +31,14 @@
 pub mod cgroup;
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod daemon;
 pub mod helper;
 pub mod images;
+pub mod memory;
+pub mod policy;
+pub mod report;
+pub mod rollout;
 pub mod runtime;
 pub mod sandbox;
 pub mod store;

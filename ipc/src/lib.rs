@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | 0..4 | magic | `b"BLYR"` |
 //! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (1) |
-//! | 6 | kind | 1 request, 2 response, 3 event ([`Kind`]) |
+//! | 6 | kind | 1 request, 2 response, 3 event, 4 memory request, 5 memory response ([`Kind`]) |
 //! | 7 | flags | reserved, must be 0 |
 //! | 8..12 | payload length | u32 little-endian, bytes, at most the maximum frame size ([`DEFAULT_MAX_FRAME`] = 16 MiB) |
 //! | 12..16 | CRC32 | u32 little-endian, IEEE CRC32 of the payload bytes only |
@@ -30,6 +30,14 @@
 //! counterpart. [`send_with_fds`] and [`recv_with_fds`] pass file descriptors (`SCM_RIGHTS`);
 //! [`send_event`] and [`recv_event`] frame events.
 //!
+//! # Memory servers
+//!
+//! [`memory`] holds the worker side of the memory servers that own model weights and the
+//! KV-cache arena (paper: "State isolation"): the layout format and hash, the memory protocol
+//! (frame kinds 4 and 5, region descriptors by `SCM_RIGHTS`), the client with leases and the
+//! owner-alive check, mappings with unmap/remap at the same address, the host (memfd) and CUDA
+//! (driver VMM) backends, the GPU health check, and their C ABI.
+//!
 //! # Dependencies
 //!
 //! - `bincode` (=2.0.1, serde mode): the payload encoding, compact and with a decode byte limit.
@@ -42,9 +50,16 @@
 //! - `libc`: `getsockopt(SO_PEERGROUPS)`, which nix does not wrap.
 //! - `thiserror`: one typed error enum per module.
 //! - `tracing`: structured logs of refused peers, bad frames and connection lifecycles.
+//! - `blake3`: the layout hash.
+//! - `toml`: layout files.
+//! - `cudarc` (driver API only, loaded at run time, no toolkit needed to build): the CUDA VMM
+//!   calls of the CUDA memory backend.
+//! - `nix` `mman`: fixed-address mappings inside a reservation (`MAP_FIXED`), which `memmap2`
+//!   cannot place, so it is not used.
 #![warn(missing_docs)]
 
 pub mod frame;
+pub mod memory;
 pub mod message;
 pub mod transport;
 

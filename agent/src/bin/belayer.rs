@@ -4,14 +4,20 @@ use clap::Parser;
 
 fn main() {
     belayer_agent::helper::dispatch();
+    let cli = belayer_agent::cli::Cli::parse();
+    // A rollout injects failures on purpose: the embedded agent's warnings about them would
+    // only bury the progress bars.
+    let default = match cli.command {
+        belayer_agent::cli::Command::Rollout(_) => "error",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = belayer_agent::cli::Cli::parse();
     match belayer_agent::cli::run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -40,6 +40,8 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 50)]
         python_mb: u64,
     },
+    /// Memory servers: attach, unmap, remap (and KV flush) timings for 1, 8, 64 GiB layouts.
+    Memory(crate::memory::bench::MemoryBenchArgs),
 }
 
 /// Medians of one workload, milliseconds.
@@ -210,12 +212,15 @@ fn workload(
 
 /// Runs a benchmark; returns the exit code.
 pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
-    let BenchCmd::Checkpoint {
-        runs,
-        busybox_rootfs,
-        python_rootfs,
-        python_mb,
-    } = cmd;
+    let (runs, busybox_rootfs, python_rootfs, python_mb) = match cmd {
+        BenchCmd::Checkpoint {
+            runs,
+            busybox_rootfs,
+            python_rootfs,
+            python_mb,
+        } => (runs, busybox_rootfs, python_rootfs, python_mb),
+        BenchCmd::Memory(args) => return crate::memory::bench::run(&args, json),
+    };
     if runs == 0 {
         bail!("--runs must be at least 1");
     }

@@ -59,9 +59,13 @@ pub enum Command {
     },
     /// Drop checkpoints by age or rollout tag.
     Gc(GcArgs),
+    /// Agentic rollouts on recorded trajectories under failure injection, with a report.
+    Rollout(crate::rollout::RolloutArgs),
     /// Benchmarks (print a table; `--json` for machine output).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Run a memory server owning model weights or the KV-cache arena (needs --socket).
+    MemoryServer(crate::memory::cli::MemoryServerArgs),
 }
 
 /// `belayer image ...`
@@ -247,11 +251,14 @@ pub fn connect(socket: &std::path::Path) -> Result<Client> {
 pub fn run(cli: Cli) -> Result<i32> {
     use output::Printer;
     let p = Printer { json: cli.json };
-    if let Command::Bench(cmd) = cli.command {
-        return bench::run(&cli.socket, cmd, cli.json);
-    }
+    let command = match cli.command {
+        Command::Bench(cmd) => return bench::run(&cli.socket, cmd, cli.json),
+        Command::Rollout(args) => return crate::rollout::run(&cli.socket, args, cli.json),
+        Command::MemoryServer(args) => return crate::memory::cli::run(args, &cli.socket, cli.json),
+        other => other,
+    };
     let mut c = connect(&cli.socket)?;
-    match cli.command {
+    match command {
         Command::Status => p.response(call(&mut c, Request::Status)?),
         Command::Image(ImageCmd::Import { name, path }) => {
             let path = std::fs::canonicalize(&path)
@@ -336,7 +343,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 tag: a.tag,
             },
         )?),
-        Command::Bench(_) => unreachable!("handled above"),
+        Command::Bench(_) | Command::Rollout(_) | Command::MemoryServer(_) => {}
     }
     Ok(0)
 }

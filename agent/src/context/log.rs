@@ -1,6 +1,7 @@
 //! The context log file: open with recovery, append, lookups.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
@@ -76,7 +77,6 @@ struct TrajectoryIndex {
 /// its records, built on open and kept current by [`append`](Self::append).
 ///
 /// All records stay in memory, so lookups borrow from the log. The lock is released on drop.
-#[derive(Debug)]
 pub struct ContextLog {
     path: PathBuf,
     file: File,
@@ -85,6 +85,18 @@ pub struct ContextLog {
     end: u64,
     records: Vec<(RecordId, Record)>,
     index: HashMap<String, TrajectoryIndex>,
+}
+
+impl fmt::Debug for ContextLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextLog")
+            .field("path", &self.path)
+            .field("durability", &self.durability)
+            .field("size_bytes", &self.end)
+            .field("records", &self.records.len())
+            .field("trajectories", &self.index.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ContextLog {
@@ -166,12 +178,11 @@ impl ContextLog {
             match frame::read_frame(&bytes[offset..]) {
                 FrameRead::End => break,
                 FrameRead::Frame { payload, frame_len } => {
-                    let record =
-                        decode(payload).map_err(|source| ContextLogError::Decode {
-                            path: log.path.clone(),
-                            offset: damage_at,
-                            source,
-                        })?;
+                    let record = decode(payload).map_err(|source| ContextLogError::Decode {
+                        path: log.path.clone(),
+                        offset: damage_at,
+                        source,
+                    })?;
                     log.insert(RecordId(damage_at), record);
                     offset += frame_len;
                 }
@@ -366,7 +377,10 @@ impl ContextLog {
 
     fn insert(&mut self, id: RecordId, record: Record) {
         let i = self.records.len();
-        let entry = self.index.entry(record.trajectory().to_owned()).or_default();
+        let entry = self
+            .index
+            .entry(record.trajectory().to_owned())
+            .or_default();
         match &record {
             Record::Boundary { prefix, .. } => {
                 entry.boundaries.insert(*prefix, i);
@@ -523,7 +537,10 @@ mod tests {
                 log.latest_boundary("a"),
                 Some((2, &b"system prompt|obs 1|obs 2"[..]))
             );
-            assert_eq!(log.longest_token_prefix("a", "a-r2").map(<[u32]>::len), Some(512));
+            assert_eq!(
+                log.longest_token_prefix("a", "a-r2").map(<[u32]>::len),
+                Some(512)
+            );
             assert_eq!(log.longest_token_prefix("a", "nope"), None);
             assert_eq!(log.longest_token_prefix("b", "a-r2"), None);
             assert_eq!(log.boundary_id("a", 1), Some(written[1].0));
@@ -650,7 +667,13 @@ mod tests {
         let (log, rec) = ContextLog::open(&path).unwrap();
         assert_eq!(rec.records, 1);
         assert_eq!(rec.truncated_bytes, 4096);
-        assert_eq!(rec.damage, Some(Damage::BadLength { offset: end, len: 0 }));
+        assert_eq!(
+            rec.damage,
+            Some(Damage::BadLength {
+                offset: end,
+                len: 0
+            })
+        );
         assert_eq!(log.len(), 1);
     }
 
@@ -694,7 +717,10 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         assert!(matches!(
             ContextLog::open(&path),
-            Err(ContextLogError::Decode { offset: HEADER_BYTES, .. })
+            Err(ContextLogError::Decode {
+                offset: HEADER_BYTES,
+                ..
+            })
         ));
         assert_eq!(std::fs::read(&path).unwrap(), bytes);
     }
@@ -712,10 +738,18 @@ mod tests {
         log.append(&boundary("a", 0, b"ctx")).unwrap();
         log.sync().unwrap();
         assert_eq!(log.path(), path);
+        let debug = format!("{log:?}");
+        assert!(
+            debug.contains("records: 1") && !debug.contains("Boundary"),
+            "{debug}"
+        );
         drop(log);
         let (log, _) = ContextLog::open(&path).unwrap();
         assert_eq!(log.boundary("a", 0), Some(&b"ctx"[..]));
-        assert_eq!(record_digest(log.boundary("a", 0).unwrap()), record_digest(b"ctx"));
+        assert_eq!(
+            record_digest(log.boundary("a", 0).unwrap()),
+            record_digest(b"ctx")
+        );
     }
 
     #[test]

@@ -85,7 +85,10 @@ mod tests {
         assert_eq!(c.estimate_s(), 0.5);
         c.observe(3.0);
         c.observe(4.0);
-        // {0.6, 10, 3, 4} → (3 + 4) / 2: the estimate follows a heavier load.
+        // {0.6, 0.1, 3, 4} → (0.6 + 3) / 2.
+        assert_eq!(c.estimate_s(), 1.8);
+        c.observe(5.0);
+        // {0.1, 3, 4, 5} → (3 + 4) / 2: the estimate follows a heavier load.
         assert_eq!(c.estimate_s(), 3.5);
     }
 }

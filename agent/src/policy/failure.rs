@@ -43,7 +43,9 @@ impl FailureModel {
     /// Errors: [`PolicyError::ValidateRate`], [`PolicyError::ValidateProbability`].
     pub fn validate(&self) -> Result<(), PolicyError> {
         match *self {
-            FailureModel::Rate { lambda_per_s } if !(lambda_per_s.is_finite() && lambda_per_s >= 0.0) => {
+            FailureModel::Rate { lambda_per_s }
+                if !(lambda_per_s.is_finite() && lambda_per_s >= 0.0) =>
+            {
                 Err(PolicyError::ValidateRate { lambda_per_s })
             }
             FailureModel::Fixed { p } if !(0.0..=1.0).contains(&p) => {
@@ -88,8 +90,14 @@ mod tests {
             FailureModel::Fixed { p: 1.5 }.validate(),
             Err(PolicyError::ValidateProbability { p: 1.5 })
         );
-        assert!(FailureModel::Rate { lambda_per_s: -1.0 }.validate().is_err());
-        assert!(FailureModel::Rate { lambda_per_s: f64::NAN }.validate().is_err());
+        assert!(FailureModel::Rate { lambda_per_s: -1.0 }
+            .validate()
+            .is_err());
+        assert!(FailureModel::Rate {
+            lambda_per_s: f64::NAN
+        }
+        .validate()
+        .is_err());
         assert!(FailureModel::Rate { lambda_per_s: 0.0 }.validate().is_ok());
     }
 }

@@ -74,7 +74,7 @@ impl ExecError {
 }
 
 /// Quotes one word for `sh`.
-fn shell_quote(word: &str) -> String {
+pub(crate) fn shell_quote(word: &str) -> String {
     if !word.is_empty()
         && word
             .bytes()

@@ -203,12 +203,17 @@ impl Reservation {
 
     /// The address and non-zero length of `[offset, offset + len)`, checked to lie inside the
     /// range and to be page aligned.
-    fn span(&self, offset: u64, len: u64, call: &'static str) -> Result<(usize, NonZeroUsize), HostError> {
+    fn span(
+        &self,
+        offset: u64,
+        len: u64,
+        call: &'static str,
+    ) -> Result<(usize, NonZeroUsize), HostError> {
         let page = page_size();
         let inside = offset
             .checked_add(len)
             .is_some_and(|end| end <= self.len as u64);
-        let aligned = offset % page == 0 && len % page == 0;
+        let aligned = offset.is_multiple_of(page) && len.is_multiple_of(page);
         match (inside && aligned, NonZeroUsize::new(len as usize)) {
             (true, Some(len)) => Ok((self.base + offset as usize, len)),
             _ => Err(HostError {
@@ -384,7 +389,10 @@ mod tests {
         // Unmapping keeps the address reserved (PROT_NONE), remapping lands at the same place.
         assert_eq!(space.release(page, 2 * page).unwrap(), addr);
         assert!(maps_line(addr).contains("---p"), "{}", maps_line(addr));
-        assert_eq!(space.map_shared(page, 2 * page, region.fd(), true).unwrap(), addr);
+        assert_eq!(
+            space.map_shared(page, 2 * page, region.fd(), true).unwrap(),
+            addr
+        );
         // SAFETY: remapped readable just above.
         unsafe { copy_out(addr + 10, &mut buf) };
         assert_eq!(&buf, b"hello");

@@ -261,7 +261,8 @@ impl Layout {
     ///
     /// Errors: [`LayoutError::Parse`], then those of [`Layout::validate`].
     pub fn from_toml(text: &str) -> Result<Layout, LayoutError> {
-        let layout: Layout = toml::from_str(text).map_err(|source| LayoutError::Parse { source })?;
+        let layout: Layout =
+            toml::from_str(text).map_err(|source| LayoutError::Parse { source })?;
         layout.validate()?;
         Ok(layout)
     }
@@ -361,18 +362,16 @@ impl Layout {
             let _ = writeln!(text, "region {} {}", region.name, region.size);
         }
         if let Some(kv) = &self.kv {
-            let _ = writeln!(
-                text,
-                "kv {} {} {}",
-                kv.name, kv.block_size, kv.block_count
-            );
+            let _ = writeln!(text, "kv {} {} {}", kv.name, kv.block_size, kv.block_count);
         }
         text
     }
 
     /// The layout hash: BLAKE3 of [`canonical`](Layout::canonical), 64 lowercase hex digits.
     pub fn hash(&self) -> String {
-        blake3::hash(self.canonical().as_bytes()).to_hex().to_string()
+        blake3::hash(self.canonical().as_bytes())
+            .to_hex()
+            .to_string()
     }
 
     /// Places the regions back to back, each at a multiple of `granularity` bytes and

@@ -75,7 +75,10 @@ impl FromStr for Backend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LeaseMode {
     /// Shared read access. On the host backend the regions arrive as read-only descriptors,
-    /// so the kernel refuses writable mappings.
+    /// so the kernel refuses writable mappings; on the CUDA backend every mapping is made
+    /// read-write and the read lease is advisory ([`Mapping::write`] still refuses).
+    ///
+    /// [`Mapping::write`]: super::mapping::Mapping::write
     Read,
     /// Write access, at most one writer per region; readers may stay attached (serving worker
     /// on the KV arena, with a shadow worker mapped read-only beside it).
@@ -355,8 +358,7 @@ pub fn recv_message<M: Message, S: AsFd>(
     }
     let mut header = [0u8; HEADER_LEN];
     header.copy_from_slice(&frame);
-    let parsed =
-        Header::parse(&header, max_frame).map_err(|source| WireError::Frame { source })?;
+    let parsed = Header::parse(&header, max_frame).map_err(|source| WireError::Frame { source })?;
     frame.resize(HEADER_LEN + parsed.len as usize, 0);
     let got = fill(socket, &mut frame[HEADER_LEN..], max_fds, &mut fds)?;
     frame.truncate(HEADER_LEN + got);
@@ -390,7 +392,9 @@ fn fill<S: AsFd>(
                 filled += n;
                 fds.extend(more);
             }
-            Err(FdPassError::Recvmsg { source }) if source == nix::errno::Errno::EAGAIN => {
+            Err(FdPassError::Recvmsg {
+                source: nix::errno::Errno::EAGAIN,
+            }) => {
                 return Err(WireError::Frame {
                     source: FrameError::Read {
                         source: io::Error::from(io::ErrorKind::WouldBlock),
@@ -468,7 +472,7 @@ mod tests {
 
     #[test]
     fn every_request_and_response_round_trips_over_a_socket() {
-        let requests = vec![
+        let requests = [
             MemRequest::Ping,
             MemRequest::Attach(AttachRequest {
                 worker: "w0".to_owned(),

@@ -1,0 +1,427 @@
+//! One trajectory under one policy: simulated LLM waits, real actions in a sandbox, checkpoints
+//! overlapped with the next LLM wait, injected fail-stops, and recovery (paper: "Environment
+//! state recovery", Algorithm 1, and the evaluation of Fig. 12).
+//!
+//! Per step t: wait the recorded LLM time × time scale (the bubble; a checkpoint of the previous
+//! boundary runs concurrently), join that checkpoint (what it overran the bubble by is its
+//! visible cost), run the translated action, append L_t to the context log, then ask the policy
+//! whether to checkpoint t. A failure scheduled for this step attempt kills every process of
+//! the sandbox from the host at its moment; recovery restores the latest ready checkpoint C_k
+//! (verifying the restored tree, the process list and L_k) and regenerates from k+1, or, for the
+//! `restart`/`never` baselines, starts again from step 1 in a fresh sandbox.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use belayer_ipc::{
+    CheckpointInfo, CheckpointRequest, Client, ExecRequest, Request, Response, SandboxSpec,
+};
+
+use super::schedule::{sample_llm_s, FailureSchedule};
+use super::trajectory::Trajectory;
+use super::translate::Translator;
+use crate::context::{ContextLog, Record};
+use crate::policy::{Policy, PolicyKind, StepInput};
+use crate::report::{EventKind, TimelineEvent, TrajectoryTimeline};
+
+/// Directories every trajectory starts with (the recordings run in `/app` and `/workspace`).
+const SETUP: &str = "mkdir -p /app /workspace /root";
+
+/// What a run of one trajectory needs to know.
+#[derive(Debug, Clone)]
+pub struct TrajectoryRun {
+    /// Daemon socket.
+    pub socket: std::path::PathBuf,
+    /// Image of the sandboxes.
+    pub image: String,
+    /// Rollout tag of the sandboxes.
+    pub tag: String,
+    /// LLM time multiplier.
+    pub time_scale: f64,
+    /// Per-action timeout, seconds.
+    pub action_timeout_s: f64,
+    /// Seed (LLM times for steps without one).
+    pub seed: u64,
+    /// Failure injection.
+    pub schedule: FailureSchedule,
+    /// Policy kind.
+    pub kind: PolicyKind,
+    /// The recorded LLM-time distribution (seconds, unscaled).
+    pub llm_samples: Arc<Vec<f64>>,
+    /// Start of the whole run (timeline origin).
+    pub origin: Instant,
+}
+
+/// Counters of one trajectory.
+#[derive(Debug, Clone, Default)]
+pub struct TrajectoryStats {
+    /// Failures injected.
+    pub failures: u64,
+    /// Restores (from a checkpoint or from the base image).
+    pub restores: u64,
+    /// Steps executed again after a recovery.
+    pub regenerated_steps: u64,
+    /// Wall seconds of those steps.
+    pub regenerated_s: f64,
+    /// Checkpoints that became ready.
+    pub checkpoints_taken: u64,
+    /// Policy decisions not to checkpoint.
+    pub checkpoints_skipped: u64,
+    /// Checkpoint seconds hidden in LLM bubbles.
+    pub checkpoint_hidden_s: f64,
+    /// Checkpoint seconds on the critical path.
+    pub checkpoint_visible_s: f64,
+    /// Bytes of the checkpoints taken.
+    pub bytes_written: u64,
+    /// Validity-check failures after restores, and unexpected errors.
+    pub validity_errors: Vec<String>,
+    /// Timeline.
+    pub timeline: TrajectoryTimeline,
+}
+
+/// Errors that abort a trajectory.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// The daemon could not be reached.
+    #[error("cannot reach belayerd")]
+    Connect(#[source] belayer_ipc::ClientError),
+    /// The daemon answered an error to a request that must succeed.
+    #[error("{what} failed: {message}")]
+    Daemon {
+        /// The request.
+        what: &'static str,
+        /// The daemon's message.
+        message: String,
+    },
+    /// The context log failed.
+    #[error(transparent)]
+    Context(#[from] crate::context::ContextLogError),
+    /// The policy configuration is invalid.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+}
+
+fn call(c: &mut Client, what: &'static str, req: Request) -> Result<Response, DriverError> {
+    match c.call(req) {
+        Ok(Response::Error(e)) => Err(DriverError::Daemon { what, message: e.message }),
+        Ok(r) => Ok(r),
+        Err(e) => Err(DriverError::Daemon { what, message: e.to_string() }),
+    }
+}
+
+/// SIGKILLs every process of sandbox `id` from the host (a fail-stop, like a chaos tool).
+pub fn kill_sandbox(c: &mut Client, id: &str) {
+    if let Ok(Response::Sandbox(info)) = c.call(Request::InspectSandbox { id: id.into() }) {
+        for pid in info.pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        }
+    }
+}
+
+struct Pending {
+    /// Yields the result and the instant the checkpoint finished.
+    handle: JoinHandle<(Result<CheckpointInfo, String>, Instant)>,
+    started: Instant,
+}
+
+/// The state of one trajectory run.
+struct Run<'a> {
+    cfg: &'a TrajectoryRun,
+    traj: &'a Trajectory,
+    client: Client,
+    id: String,
+    policy: Policy,
+    log: ContextLog,
+    stats: TrajectoryStats,
+    /// Messages of L_k: two per completed step.
+    messages: Vec<serde_json::Value>,
+    /// Translator state after each completed step (index k).
+    translators: Vec<Translator>,
+    /// Wall seconds of the latest execution of each step (index t).
+    durations: Vec<f64>,
+    /// Last step ever completed.
+    max_done: u64,
+    /// Prefix of the ready checkpoint (0: none).
+    ready: u64,
+    attempts: Vec<u32>,
+}
+
+impl Run<'_> {
+    fn now(&self) -> f64 {
+        self.cfg.origin.elapsed().as_secs_f64()
+    }
+
+    fn event(&mut self, kind: EventKind, step: u64, start: f64, end: f64) {
+        self.stats.timeline.events.push(TimelineEvent { kind, step, start_s: start, end_s: end });
+    }
+
+    fn context(&self, k: u64) -> Vec<u8> {
+        serde_json::to_vec(&self.messages[..(2 * k as usize).min(self.messages.len())]).unwrap_or_default()
+    }
+
+    fn exec(&mut self, cmd: &str) -> Result<belayer_ipc::ExecResult, String> {
+        let req = ExecRequest {
+            id: self.id.clone(),
+            argv: vec![cmd.to_string()],
+            cwd: Some("/app".into()),
+            timeout_ms: Some((self.cfg.action_timeout_s * 1000.0) as u64),
+            output_limit: Some(64 << 10),
+            ..Default::default()
+        };
+        match self.client.call(Request::Exec(req)) {
+            Ok(Response::Exec(r)) => Ok(r),
+            Ok(Response::Error(e)) => Err(e.message),
+            Ok(r) => Err(format!("unexpected answer {r:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Waits for a checkpoint started after the previous step; `llm_end` is when the bubble it
+    /// was hiding in ended.
+    fn join_checkpoint(&mut self, pending: Option<Pending>, step: u64, llm_end: Instant) {
+        let Some(p) = pending else { return };
+        let (result, ended) = p
+            .handle
+            .join()
+            .unwrap_or_else(|_| (Err("checkpoint thread panicked".into()), Instant::now()));
+        let duration = ended.duration_since(p.started).as_secs_f64();
+        let visible = ended.saturating_duration_since(llm_end).as_secs_f64();
+        let start = p.started.duration_since(self.cfg.origin).as_secs_f64();
+        self.event(EventKind::Checkpoint, step, start, start + duration);
+        let now = self.now();
+        match result {
+            Ok(info) => {
+                self.ready = info.prefix;
+                self.stats.checkpoints_taken += 1;
+                self.stats.bytes_written += info.bytes;
+                self.stats.checkpoint_visible_s += visible;
+                self.stats.checkpoint_hidden_s += (duration - visible).max(0.0);
+                let timed_out = duration > self.policy.config().checkpoint_timeout_s;
+                self.policy.observe_checkpoint(duration, timed_out, now);
+            }
+            Err(e) => {
+                // A failure during the checkpoint (e.g. the injected kill): the previous one
+                // stays ready.
+                tracing::debug!(trajectory = %self.traj.name, step, error = %e, "checkpoint failed");
+                self.stats.checkpoint_visible_s += visible;
+            }
+        }
+    }
+
+    fn start_checkpoint(&self, k: u64) -> Pending {
+        let socket = self.cfg.socket.clone();
+        let req = CheckpointRequest { id: self.id.clone(), prefix: k, context: self.context(k), fault: None };
+        let started = Instant::now();
+        let handle = std::thread::spawn(move || {
+            let result = match Client::connect(&socket).map(|mut c| c.call(Request::Checkpoint(req))) {
+                Ok(Ok(Response::Checkpoint(info))) => Ok(info),
+                Ok(Ok(Response::Error(e))) => Err(e.message),
+                Ok(Ok(r)) => Err(format!("unexpected answer {r:?}")),
+                Ok(Err(e)) | Err(e) => Err(e.to_string()),
+            };
+            (result, Instant::now())
+        });
+        Pending { handle, started }
+    }
+
+    /// Recovers after a fail-stop during step `t`; returns the prefix to continue from.
+    fn recover(&mut self, t: u64, pending: Option<Pending>) -> Result<u64, DriverError> {
+        self.join_checkpoint(pending, t, Instant::now());
+        let start = self.now();
+        let verify = self.cfg.kind.takes_checkpoints();
+        let r = match call(&mut self.client, "restore", Request::Restore { id: self.id.clone(), verify })? {
+            Response::Restored(r) => r,
+            r => return Err(DriverError::Daemon { what: "restore", message: format!("unexpected {r:?}") }),
+        };
+        self.stats.restores += 1;
+        let k = r.prefix.unwrap_or(0);
+        if k == 0 {
+            self.exec(SETUP).map_err(|message| DriverError::Daemon { what: "setup", message })?;
+        }
+        if let Some(v) = &r.validity {
+            if !v.fs_matches {
+                self.stats.validity_errors.push(format!("{} k={k}: restored file tree differs from F_k", self.traj.name));
+            }
+            if !v.processes_match {
+                self.stats.validity_errors.push(format!(
+                    "{} k={k}: processes {:?} restored as {:?}",
+                    self.traj.name, v.expected_processes, v.restored_processes
+                ));
+            }
+        }
+        if k > 0 {
+            let logged = self.log.boundary(&self.traj.name, k).map(<[u8]>::to_vec);
+            if logged.as_deref() != Some(r.context.as_slice()) || r.context != self.context(k) {
+                self.stats.validity_errors.push(format!("{} k={k}: restored L_k differs from the log", self.traj.name));
+            }
+        }
+        self.messages.truncate(2 * k as usize);
+        self.translators.truncate(k as usize + 1);
+        self.ready = k;
+        let kind = if r.prefix.is_some() { EventKind::Restore } else { EventKind::Restart };
+        let end = self.now();
+        self.event(kind, t, start, end);
+        Ok(k)
+    }
+
+    fn step(&mut self, t: u64, pending: &mut Option<Pending>) -> Result<bool, DriverError> {
+        let traj: &Trajectory = self.traj;
+        let step = &traj.steps[t as usize - 1];
+        let attempt = self.attempts[t as usize];
+        self.attempts[t as usize] += 1;
+        let llm = step.llm_s.unwrap_or_else(|| sample_llm_s(self.cfg.seed, &self.traj.name, t, &self.cfg.llm_samples));
+        let llm_wall = llm * self.cfg.time_scale;
+        let exec_guess = step.exec_s.unwrap_or(0.5).min(self.cfg.action_timeout_s);
+        let failure = self.cfg.schedule.failure(&self.traj.name, t, attempt).map(|f| f * (llm_wall + exec_guess));
+
+        // The LLM bubble; the checkpoint of t-1 runs meanwhile.
+        let step_start = Instant::now();
+        let t0 = self.now();
+        if let Some(at) = failure.filter(|at| *at < llm_wall) {
+            std::thread::sleep(Duration::from_secs_f64(at));
+            kill_sandbox(&mut self.client, &self.id);
+            let now = self.now();
+            self.event(EventKind::Llm, t, t0, now);
+            self.event(EventKind::Failure, t, now, now);
+            self.stats.failures += 1;
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_secs_f64(llm_wall));
+        let llm_end = Instant::now();
+        self.event(EventKind::Llm, t, t0, self.now());
+        self.policy.observe_response(llm_wall);
+        self.join_checkpoint(pending.take(), t - 1, llm_end);
+
+        // The action, with a killer armed if this attempt fails during it.
+        let mut translator = self.translators.last().cloned().unwrap_or_default();
+        let cmd = translator.translate(step);
+        let a0 = self.now();
+        let killer = failure.map(|at| {
+            let delay = Duration::from_secs_f64((at - llm_wall).max(0.0));
+            let socket = self.cfg.socket.clone();
+            let id = self.id.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                if let Ok(mut c) = Client::connect(&socket) {
+                    kill_sandbox(&mut c, &id);
+                }
+            })
+        });
+        let result = self.exec(&cmd);
+        if let Some(k) = killer {
+            let _ = k.join();
+            let now = self.now();
+            self.event(EventKind::Action, t, a0, now);
+            self.event(EventKind::Failure, t, now, now);
+            self.stats.failures += 1;
+            return Ok(false);
+        }
+        let out = match result {
+            Ok(out) => out,
+            Err(e) => {
+                // Not injected: an infrastructure error; recover the same way and report it.
+                self.stats.validity_errors.push(format!("{} step {t}: action failed: {e}", self.traj.name));
+                self.stats.failures += 1;
+                return Ok(false);
+            }
+        };
+        let a1 = self.now();
+        self.event(EventKind::Action, t, a0, a1);
+        let duration = step_start.elapsed().as_secs_f64();
+
+        // Boundary t: L_t, counters, then the policy.
+        let mut obs = String::from_utf8_lossy(&out.stdout).into_owned();
+        obs.push_str(&String::from_utf8_lossy(&out.stderr));
+        obs.truncate(obs.char_indices().nth(2048).map_or(obs.len(), |(i, _)| i));
+        self.messages.push(serde_json::json!({ "role": "assistant", "content": step.cmd }));
+        self.messages.push(serde_json::json!({ "role": "tool", "content": obs, "exit_code": out.exit_code }));
+        self.translators.push(translator);
+        self.log.append(&Record::Boundary { trajectory: self.traj.name.clone(), prefix: t, context: self.context(t) })?;
+        if self.durations.len() <= t as usize {
+            self.durations.resize(t as usize + 1, 0.0);
+        }
+        self.durations[t as usize] = duration;
+        if t <= self.max_done {
+            self.stats.regenerated_steps += 1;
+            self.stats.regenerated_s += duration;
+        }
+        self.max_done = self.max_done.max(t);
+        let last = t as usize == self.traj.steps.len();
+        if !last && self.cfg.kind.takes_checkpoints() {
+            let regen: f64 = self.durations[(self.ready as usize + 1)..=t as usize].iter().sum();
+            let input = StepInput {
+                step: t,
+                step_duration_s: duration,
+                regen_cost_s: regen,
+                elapsed_llm_s: 0.0,
+                now_s: self.now(),
+                dirty: None,
+            };
+            let decision = self.policy.decide(&input);
+            if decision.checkpoint {
+                *pending = Some(self.start_checkpoint(t));
+            } else {
+                self.stats.checkpoints_skipped += 1;
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Runs `traj` to completion under `cfg`; `on_step` is called after every completed step.
+pub fn run_trajectory(
+    cfg: &TrajectoryRun,
+    traj: &Trajectory,
+    policy: Policy,
+    log_path: &Path,
+    on_step: &(dyn Fn() + Sync),
+) -> Result<TrajectoryStats, DriverError> {
+    let mut client = Client::connect(&cfg.socket).map_err(DriverError::Connect)?;
+    let spec = SandboxSpec { image: cfg.image.clone(), tag: Some(cfg.tag.clone()), ..Default::default() };
+    let id = match call(&mut client, "create sandbox", Request::CreateSandbox(spec))? {
+        Response::Sandbox(s) => s.id,
+        r => return Err(DriverError::Daemon { what: "create sandbox", message: format!("unexpected {r:?}") }),
+    };
+    let (log, _) = ContextLog::open(log_path)?;
+    let n = traj.steps.len();
+    let mut run = Run {
+        cfg,
+        traj,
+        client,
+        id: id.clone(),
+        policy,
+        log,
+        stats: TrajectoryStats {
+            timeline: TrajectoryTimeline { trajectory: traj.name.clone(), events: Vec::new() },
+            ..Default::default()
+        },
+        messages: Vec::new(),
+        translators: vec![Translator::default()],
+        durations: vec![0.0; n + 1],
+        max_done: 0,
+        ready: 0,
+        attempts: vec![0; n + 1],
+    };
+    let result = (|| {
+        run.exec(SETUP).map_err(|message| DriverError::Daemon { what: "setup", message })?;
+        let mut k = 0u64;
+        let mut pending = None;
+        while (k as usize) < n {
+            let t = k + 1;
+            if run.step(t, &mut pending)? {
+                k = t;
+                on_step();
+            } else {
+                k = run.recover(t, pending.take())?;
+            }
+            if run.attempts.iter().sum::<u32>() as usize > 50 * n + 100 {
+                return Err(DriverError::Daemon { what: "rollout", message: "too many failed attempts".into() });
+            }
+        }
+        Ok(())
+    })();
+    let _ = run.client.call(Request::RemoveSandbox { id });
+    result.map(|()| run.stats)
+}

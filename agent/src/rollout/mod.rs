@@ -1,0 +1,312 @@
+//! `belayer rollout`: agentic rollouts on recorded trajectories with failure injection, the
+//! adaptive checkpoint policy, the LLM-context log and a report (paper: evaluation of
+//! environment-state recovery, Fig. 12: a rollout batch under injected fail-stops, total
+//! rollout time against the restart baseline).
+//!
+//! A comparison runs the same trajectories, seed and failure schedule under each policy, plus a
+//! failure-free run (no failures, no checkpoints: the makespan every increase is measured
+//! against) and, for `adaptive`, a run without failures that measures its failure-free overhead.
+//!
+//! Modules: [`trajectory`] (reading recordings), [`translate`] (actions → shell),
+//! [`schedule`] (seeded failure schedule), [`driver`] (one trajectory under one policy).
+
+pub mod driver;
+pub mod schedule;
+pub mod trajectory;
+pub mod translate;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use belayer_ipc::{Request, Response};
+use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+use self::driver::{run_trajectory, TrajectoryRun, TrajectoryStats};
+use self::schedule::FailureSchedule;
+use self::trajectory::Trajectory;
+use crate::cli::bench::DEFAULT_PYTHON_ROOTFS;
+use crate::cli::embedded::connect_or_embed;
+use crate::policy::{FailureModel, Policy, PolicyConfig, PolicyKind};
+use crate::report::{PolicyResult, RolloutReport, RunConfig};
+
+/// Arguments of `belayer rollout`.
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    /// Trajectory files (JSONL) or directories of them; default: the built-in selection.
+    pub trajectories: Vec<PathBuf>,
+    /// One policy: adaptive, always, never, every:N, restart.
+    #[arg(long, conflicts_with = "compare")]
+    pub policy: Option<PolicyKind>,
+    /// Comma-separated policies to compare (default: adaptive,always,restart).
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<PolicyKind>,
+    /// Probability that a step attempt suffers a fail-stop.
+    #[arg(long, default_value_t = 0.05)]
+    pub failure_rate: f64,
+    /// Seed of the failure schedule (identical across policies).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Multiplier of the recorded LLM waits.
+    #[arg(long, default_value_t = 0.25)]
+    pub time_scale: f64,
+    /// Trajectories running at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Image of the sandboxes (imported from --image-rootfs when missing).
+    #[arg(long, default_value = "rollout-python")]
+    pub image: String,
+    /// Rootfs imported as --image when the daemon does not have it.
+    #[arg(long, env = "BELAYER_TEST_PYTHON_ROOTFS", default_value = DEFAULT_PYTHON_ROOTFS)]
+    pub image_rootfs: PathBuf,
+    /// Per-action timeout, seconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub action_timeout: f64,
+    /// Checkpoint-timeout of the policy, seconds (a slower checkpoint starts the cooldown).
+    #[arg(long, default_value_t = 10.0)]
+    pub checkpoint_timeout: f64,
+    /// The policy's checkpoint-cost estimate before it has measured one, seconds (`belayer bench
+    /// checkpoint` measures 0.1–0.3 s on these machines).
+    #[arg(long, default_value_t = 0.25)]
+    pub initial_checkpoint_cost: f64,
+    /// Output directory for report.md, report.json, plots and context logs.
+    #[arg(long, default_value = "rollout-report")]
+    pub out: PathBuf,
+    /// Skip the failure-free run of adaptive that measures its overhead.
+    #[arg(long)]
+    pub no_overhead_run: bool,
+}
+
+/// One run of the batch.
+#[derive(Debug, Clone)]
+struct RunSpec {
+    name: String,
+    kind: PolicyKind,
+    inject: bool,
+}
+
+fn policy_for(kind: PolicyKind, args: &RolloutArgs, samples: &[f64]) -> Result<Policy> {
+    let config = PolicyConfig {
+        failure: FailureModel::Fixed { p: args.failure_rate },
+        checkpoint_timeout_s: args.checkpoint_timeout,
+        initial_checkpoint_cost_s: args.initial_checkpoint_cost,
+        ..PolicyConfig::default()
+    };
+    let mut p = Policy::new(kind, config)?;
+    p.warm_start(samples.iter().map(|s| s * args.time_scale));
+    Ok(p)
+}
+
+/// Runs every trajectory under one policy; returns its result.
+fn run_policy(
+    socket: &Path,
+    args: &RolloutArgs,
+    spec: &RunSpec,
+    trajectories: &[Trajectory],
+    samples: &Arc<Vec<f64>>,
+    bar: &ProgressBar,
+) -> Result<PolicyResult> {
+    let origin = Instant::now();
+    let cfg = TrajectoryRun {
+        socket: socket.to_path_buf(),
+        image: args.image.clone(),
+        tag: format!("rollout-{}-{}", std::process::id(), spec.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")),
+        time_scale: args.time_scale,
+        action_timeout_s: args.action_timeout,
+        seed: args.seed,
+        schedule: FailureSchedule { seed: args.seed, p: if spec.inject { args.failure_rate } else { 0.0 } },
+        kind: spec.kind,
+        llm_samples: samples.clone(),
+        origin,
+    };
+    let logs = args.out.join("context").join(spec.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let queue = Mutex::new(trajectories.iter().collect::<VecDeque<_>>());
+    let results: Mutex<Vec<(String, Result<TrajectoryStats, String>)>> = Mutex::new(Vec::new());
+    let on_step = || bar.inc(1);
+    std::thread::scope(|s| {
+        for _ in 0..args.concurrency.max(1) {
+            s.spawn(|| loop {
+                let Some(traj) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { break };
+                let log = logs.join(format!("{}.log", traj.name));
+                let _ = std::fs::remove_file(&log);
+                let r = policy_for(spec.kind, args, samples)
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| run_trajectory(&cfg, traj, p, &log, &on_step).map_err(|e| format!("{e:#}")));
+                results.lock().unwrap_or_else(|p| p.into_inner()).push((traj.name.clone(), r));
+            });
+        }
+    });
+    let makespan_s = origin.elapsed().as_secs_f64();
+    let mut out = PolicyResult {
+        name: spec.name.clone(),
+        makespan_s,
+        increase_s: 0.0,
+        increase_pct: 0.0,
+        failures: 0,
+        restores: 0,
+        regenerated_steps: 0,
+        regenerated_s: 0.0,
+        checkpoints_taken: 0,
+        checkpoints_skipped: 0,
+        checkpoint_hidden_s: 0.0,
+        checkpoint_visible_s: 0.0,
+        bytes_written: 0,
+        validity_errors: Vec::new(),
+        timeline: Vec::new(),
+    };
+    let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    results.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, r) in results {
+        match r {
+            Ok(st) => {
+                out.failures += st.failures;
+                out.restores += st.restores;
+                out.regenerated_steps += st.regenerated_steps;
+                out.regenerated_s += st.regenerated_s;
+                out.checkpoints_taken += st.checkpoints_taken;
+                out.checkpoints_skipped += st.checkpoints_skipped;
+                out.checkpoint_hidden_s += st.checkpoint_hidden_s;
+                out.checkpoint_visible_s += st.checkpoint_visible_s;
+                out.bytes_written += st.bytes_written;
+                out.validity_errors.extend(st.validity_errors);
+                out.timeline.push(st.timeline);
+            }
+            Err(e) => out.validity_errors.push(format!("{name}: trajectory aborted: {e}")),
+        }
+    }
+    Ok(out)
+}
+
+fn ensure_image(c: &mut belayer_ipc::Client, name: &str, rootfs: &Path) -> Result<()> {
+    if let Response::Images(list) = crate::cli::call(c, Request::ListImages)? {
+        if list.iter().any(|i| i.name == name) {
+            return Ok(());
+        }
+    }
+    if !rootfs.is_dir() {
+        bail!("image {name} is missing and {} does not exist: run scripts/setup.sh", rootfs.display());
+    }
+    crate::cli::call(c, Request::ImportImage { name: name.into(), source: rootfs.display().to_string() })?;
+    Ok(())
+}
+
+/// Runs `belayer rollout`; returns the exit code (1 when a validity error was found).
+pub fn run(socket: &Path, args: RolloutArgs, json: bool) -> Result<i32> {
+    if !(0.0..=1.0).contains(&args.failure_rate) {
+        bail!("--failure-rate must be within [0, 1]");
+    }
+    if !(args.time_scale.is_finite() && args.time_scale >= 0.0) {
+        bail!("--time-scale must be a non-negative number");
+    }
+    if args.concurrency == 0 || args.action_timeout <= 0.0 {
+        bail!("--concurrency and --action-timeout must be positive");
+    }
+    let trajectories = if args.trajectories.is_empty() {
+        trajectory::default_selection()
+    } else {
+        trajectory::load(&args.trajectories)?
+    };
+    if trajectories.is_empty() {
+        bail!("no trajectories to run");
+    }
+    let samples = Arc::new(trajectory::llm_samples(&trajectories));
+    let (mut client, embedded) = connect_or_embed(socket)?;
+    let socket = embedded.as_ref().map_or_else(|| socket.to_path_buf(), |e| e.socket.clone());
+    ensure_image(&mut client, &args.image, &args.image_rootfs)?;
+    drop(client);
+
+    let kinds: Vec<PolicyKind> = match (&args.policy, args.compare.is_empty()) {
+        (Some(k), _) => vec![*k],
+        (None, true) => vec![PolicyKind::Adaptive, PolicyKind::Always, PolicyKind::Restart],
+        (None, false) => args.compare.clone(),
+    };
+    let mut specs = vec![RunSpec { name: "failure-free".into(), kind: PolicyKind::Never, inject: false }];
+    if kinds.contains(&PolicyKind::Adaptive) && !args.no_overhead_run {
+        specs.push(RunSpec { name: "adaptive (no failures)".into(), kind: PolicyKind::Adaptive, inject: false });
+    }
+    specs.extend(kinds.iter().map(|k| RunSpec { name: k.to_string(), kind: *k, inject: true }));
+
+    let total_steps: u64 = trajectories.iter().map(|t| t.steps.len() as u64).sum();
+    let multi = MultiProgress::new();
+    if json {
+        multi.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let style = ProgressStyle::with_template("{prefix:>24} [{bar:30}] {pos}/{len} steps {elapsed}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    let mut results = Vec::new();
+    for spec in &specs {
+        let bar = multi.add(ProgressBar::new(total_steps));
+        bar.set_style(style.clone());
+        bar.set_prefix(spec.name.clone());
+        let r = run_policy(&socket, &args, spec, &trajectories, &samples, &bar)?;
+        bar.finish();
+        results.push(r);
+    }
+    let failure_free = results.remove(0);
+    let mut report = RolloutReport {
+        config: RunConfig {
+            trajectories: trajectories.iter().map(|t| t.name.clone()).collect(),
+            seed: args.seed,
+            failure_rate: args.failure_rate,
+            time_scale: args.time_scale,
+            concurrency: args.concurrency,
+            image: args.image.clone(),
+        },
+        failure_free,
+        policies: results,
+    };
+    report.fill_increases();
+    let files = crate::report::write_report(&args.out, &report)?;
+    let errors: usize = report.policies.iter().map(|p| p.validity_errors.len()).sum::<usize>()
+        + report.failure_free.validity_errors.len();
+    if json {
+        let text = std::fs::read_to_string(args.out.join("report.json")).unwrap_or_default();
+        println!("{text}");
+    } else {
+        print_summary(&report, &files);
+    }
+    drop(embedded);
+    Ok(if errors > 0 { 1 } else { 0 })
+}
+
+fn print_summary(r: &RolloutReport, files: &[PathBuf]) {
+    println!(
+        "\n{} trajectories, failure rate {} per step, seed {}, time scale {}, concurrency {}",
+        r.config.trajectories.len(),
+        r.config.failure_rate,
+        r.config.seed,
+        r.config.time_scale,
+        r.config.concurrency
+    );
+    println!(
+        "{:<24} {:>9} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>9} {:>8}",
+        "policy", "makespan", "increase", "incr%", "failures", "restores", "regen", "ckpts", "skipped", "visible_s", "invalid"
+    );
+    for p in std::iter::once(&r.failure_free).chain(&r.policies) {
+        println!(
+            "{:<24} {:>8.1}s {:>9.1}s {:>7.1}% {:>8} {:>8} {:>7} {:>7} {:>8} {:>9.2} {:>8}",
+            p.name,
+            p.makespan_s,
+            p.increase_s,
+            p.increase_pct,
+            p.failures,
+            p.restores,
+            p.regenerated_steps,
+            p.checkpoints_taken,
+            p.checkpoints_skipped,
+            p.checkpoint_visible_s,
+            p.validity_errors.len()
+        );
+        for e in p.validity_errors.iter().take(5) {
+            println!("    ! {e}");
+        }
+    }
+    for f in files {
+        println!("wrote {}", f.display());
+    }
+}
