@@ -24,7 +24,13 @@ use belayer_ipc::memory::{
 };
 use belayer_ipc::AccessPolicy;
 
-const BELAYER: &str = env!("CARGO_BIN_EXE_belayer");
+/// The `belayer` binary: `BELAYER_BIN` when set (prebuilt binaries moved to another machine,
+/// see `scripts/gpu-check.sh`), else the one cargo built with this test.
+fn belayer() -> PathBuf {
+    std::env::var_os("BELAYER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_belayer")))
+}
 const HELPER: &str = "BELAYER_MEM_TEST_HELPER";
 const HELPER_SOCKET: &str = "BELAYER_MEM_TEST_SOCKET";
 const HELPER_HASH: &str = "BELAYER_MEM_TEST_HASH";
@@ -82,7 +88,7 @@ impl Setup {
 
     fn spawn(&self, role: Role, device: Backend, extra: &[&str]) -> ServerProcess {
         ServerProcess::spawn(
-            Path::new(BELAYER),
+            &belayer(),
             role,
             device,
             &self.layout_path,
@@ -498,7 +504,7 @@ fn a_cuda_device_without_a_driver_fails_with_a_clear_error() {
         return;
     }
     let setup = Setup::new(WEIGHTS);
-    let output = Command::new(BELAYER)
+    let output = Command::new(belayer())
         .args([
             "memory-server",
             "--role",

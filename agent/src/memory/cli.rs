@@ -134,4 +134,14 @@ mod tests {
         assert!(parse_worker("w-0").is_err());
         assert!(parse_worker("w=x").is_err());
     }
+
+    #[test]
+    fn the_example_layouts_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/examples");
+        let weights = Layout::load(&dir.join("weights-layout.toml")).unwrap();
+        weights.validate_for(Role::Weights).unwrap();
+        let kv = Layout::load(&dir.join("kv-layout.toml")).unwrap();
+        kv.validate_for(Role::Kv).unwrap();
+        assert_eq!(kv.place(2 << 20).unwrap().total, 32 << 30);
+    }
 }

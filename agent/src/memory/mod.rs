@@ -14,7 +14,7 @@
 //! - [`lease`]: the lease table (many readers, one writer, or one exclusive holder per region);
 //! - [`process`]: a memory server as a supervised child process;
 //! - [`cli`]: the `memory-server` subcommand;
-//! - [`bench`]: `belayer bench memory` (attach, unmap, remap and flush timings).
+//! - [`bench`](mod@bench): `belayer bench memory` (attach, unmap, remap and flush timings).
 //!
 //! belayerd does not start memory servers by itself yet; [`process::ServerProcess`] is the
 //! piece a supervisor uses.

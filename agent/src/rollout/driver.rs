@@ -105,9 +105,15 @@ pub enum DriverError {
 
 fn call(c: &mut Client, what: &'static str, req: Request) -> Result<Response, DriverError> {
     match c.call(req) {
-        Ok(Response::Error(e)) => Err(DriverError::Daemon { what, message: e.message }),
+        Ok(Response::Error(e)) => Err(DriverError::Daemon {
+            what,
+            message: e.message,
+        }),
         Ok(r) => Ok(r),
-        Err(e) => Err(DriverError::Daemon { what, message: e.to_string() }),
+        Err(e) => Err(DriverError::Daemon {
+            what,
+            message: e.to_string(),
+        }),
     }
 }
 
@@ -115,7 +121,8 @@ fn call(c: &mut Client, what: &'static str, req: Request) -> Result<Response, Dr
 pub fn kill_sandbox(c: &mut Client, id: &str) {
     if let Ok(Response::Sandbox(info)) = c.call(Request::InspectSandbox { id: id.into() }) {
         for pid in info.pids {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
     }
 }
@@ -154,11 +161,17 @@ impl Run<'_> {
     }
 
     fn event(&mut self, kind: EventKind, step: u64, start: f64, end: f64) {
-        self.stats.timeline.events.push(TimelineEvent { kind, step, start_s: start, end_s: end });
+        self.stats.timeline.events.push(TimelineEvent {
+            kind,
+            step,
+            start_s: start,
+            end_s: end,
+        });
     }
 
     fn context(&self, k: u64) -> Vec<u8> {
-        serde_json::to_vec(&self.messages[..(2 * k as usize).min(self.messages.len())]).unwrap_or_default()
+        serde_json::to_vec(&self.messages[..(2 * k as usize).min(self.messages.len())])
+            .unwrap_or_default()
     }
 
     fn exec(&mut self, cmd: &str) -> Result<belayer_ipc::ExecResult, String> {
@@ -212,15 +225,21 @@ impl Run<'_> {
 
     fn start_checkpoint(&self, k: u64) -> Pending {
         let socket = self.cfg.socket.clone();
-        let req = CheckpointRequest { id: self.id.clone(), prefix: k, context: self.context(k), fault: None };
+        let req = CheckpointRequest {
+            id: self.id.clone(),
+            prefix: k,
+            context: self.context(k),
+            fault: None,
+        };
         let started = Instant::now();
         let handle = std::thread::spawn(move || {
-            let result = match Client::connect(&socket).map(|mut c| c.call(Request::Checkpoint(req))) {
-                Ok(Ok(Response::Checkpoint(info))) => Ok(info),
-                Ok(Ok(Response::Error(e))) => Err(e.message),
-                Ok(Ok(r)) => Err(format!("unexpected answer {r:?}")),
-                Ok(Err(e)) | Err(e) => Err(e.to_string()),
-            };
+            let result =
+                match Client::connect(&socket).map(|mut c| c.call(Request::Checkpoint(req))) {
+                    Ok(Ok(Response::Checkpoint(info))) => Ok(info),
+                    Ok(Ok(Response::Error(e))) => Err(e.message),
+                    Ok(Ok(r)) => Err(format!("unexpected answer {r:?}")),
+                    Ok(Err(e)) | Err(e) => Err(e.to_string()),
+                };
             (result, Instant::now())
         });
         Pending { handle, started }
@@ -231,18 +250,36 @@ impl Run<'_> {
         self.join_checkpoint(pending, t, Instant::now());
         let start = self.now();
         let verify = self.cfg.kind.takes_checkpoints();
-        let r = match call(&mut self.client, "restore", Request::Restore { id: self.id.clone(), verify })? {
+        let r = match call(
+            &mut self.client,
+            "restore",
+            Request::Restore {
+                id: self.id.clone(),
+                verify,
+            },
+        )? {
             Response::Restored(r) => r,
-            r => return Err(DriverError::Daemon { what: "restore", message: format!("unexpected {r:?}") }),
+            r => {
+                return Err(DriverError::Daemon {
+                    what: "restore",
+                    message: format!("unexpected {r:?}"),
+                })
+            }
         };
         self.stats.restores += 1;
         let k = r.prefix.unwrap_or(0);
         if k == 0 {
-            self.exec(SETUP).map_err(|message| DriverError::Daemon { what: "setup", message })?;
+            self.exec(SETUP).map_err(|message| DriverError::Daemon {
+                what: "setup",
+                message,
+            })?;
         }
         if let Some(v) = &r.validity {
             if !v.fs_matches {
-                self.stats.validity_errors.push(format!("{} k={k}: restored file tree differs from F_k", self.traj.name));
+                self.stats.validity_errors.push(format!(
+                    "{} k={k}: restored file tree differs from F_k",
+                    self.traj.name
+                ));
             }
             if !v.processes_match {
                 self.stats.validity_errors.push(format!(
@@ -254,13 +291,20 @@ impl Run<'_> {
         if k > 0 {
             let logged = self.log.boundary(&self.traj.name, k).map(<[u8]>::to_vec);
             if logged.as_deref() != Some(r.context.as_slice()) || r.context != self.context(k) {
-                self.stats.validity_errors.push(format!("{} k={k}: restored L_k differs from the log", self.traj.name));
+                self.stats.validity_errors.push(format!(
+                    "{} k={k}: restored L_k differs from the log",
+                    self.traj.name
+                ));
             }
         }
         self.messages.truncate(2 * k as usize);
         self.translators.truncate(k as usize + 1);
         self.ready = k;
-        let kind = if r.prefix.is_some() { EventKind::Restore } else { EventKind::Restart };
+        let kind = if r.prefix.is_some() {
+            EventKind::Restore
+        } else {
+            EventKind::Restart
+        };
         let end = self.now();
         self.event(kind, t, start, end);
         Ok(k)
@@ -271,10 +315,16 @@ impl Run<'_> {
         let step = &traj.steps[t as usize - 1];
         let attempt = self.attempts[t as usize];
         self.attempts[t as usize] += 1;
-        let llm = step.llm_s.unwrap_or_else(|| sample_llm_s(self.cfg.seed, &self.traj.name, t, &self.cfg.llm_samples));
+        let llm = step.llm_s.unwrap_or_else(|| {
+            sample_llm_s(self.cfg.seed, &self.traj.name, t, &self.cfg.llm_samples)
+        });
         let llm_wall = llm * self.cfg.time_scale;
         let exec_guess = step.exec_s.unwrap_or(0.5).min(self.cfg.action_timeout_s);
-        let failure = self.cfg.schedule.failure(&self.traj.name, t, attempt).map(|f| f * (llm_wall + exec_guess));
+        let failure = self
+            .cfg
+            .schedule
+            .failure(&self.traj.name, t, attempt)
+            .map(|f| f * (llm_wall + exec_guess));
 
         // The LLM bubble; the checkpoint of t-1 runs meanwhile.
         let step_start = Instant::now();
@@ -322,7 +372,9 @@ impl Run<'_> {
             Ok(out) => out,
             Err(e) => {
                 // Not injected: an infrastructure error; recover the same way and report it.
-                self.stats.validity_errors.push(format!("{} step {t}: action failed: {e}", self.traj.name));
+                self.stats
+                    .validity_errors
+                    .push(format!("{} step {t}: action failed: {e}", self.traj.name));
                 self.stats.failures += 1;
                 return Ok(false);
             }
@@ -335,10 +387,17 @@ impl Run<'_> {
         let mut obs = String::from_utf8_lossy(&out.stdout).into_owned();
         obs.push_str(&String::from_utf8_lossy(&out.stderr));
         obs.truncate(obs.char_indices().nth(2048).map_or(obs.len(), |(i, _)| i));
-        self.messages.push(serde_json::json!({ "role": "assistant", "content": step.cmd }));
-        self.messages.push(serde_json::json!({ "role": "tool", "content": obs, "exit_code": out.exit_code }));
+        self.messages
+            .push(serde_json::json!({ "role": "assistant", "content": step.cmd }));
+        self.messages.push(
+            serde_json::json!({ "role": "tool", "content": obs, "exit_code": out.exit_code }),
+        );
         self.translators.push(translator);
-        self.log.append(&Record::Boundary { trajectory: self.traj.name.clone(), prefix: t, context: self.context(t) })?;
+        self.log.append(&Record::Boundary {
+            trajectory: self.traj.name.clone(),
+            prefix: t,
+            context: self.context(t),
+        })?;
         if self.durations.len() <= t as usize {
             self.durations.resize(t as usize + 1, 0.0);
         }
@@ -350,7 +409,9 @@ impl Run<'_> {
         self.max_done = self.max_done.max(t);
         let last = t as usize == self.traj.steps.len();
         if !last && self.cfg.kind.takes_checkpoints() {
-            let regen: f64 = self.durations[(self.ready as usize + 1)..=t as usize].iter().sum();
+            let regen: f64 = self.durations[(self.ready as usize + 1)..=t as usize]
+                .iter()
+                .sum();
             let input = StepInput {
                 step: t,
                 step_duration_s: duration,
@@ -379,10 +440,19 @@ pub fn run_trajectory(
     on_step: &(dyn Fn() + Sync),
 ) -> Result<TrajectoryStats, DriverError> {
     let mut client = Client::connect(&cfg.socket).map_err(DriverError::Connect)?;
-    let spec = SandboxSpec { image: cfg.image.clone(), tag: Some(cfg.tag.clone()), ..Default::default() };
+    let spec = SandboxSpec {
+        image: cfg.image.clone(),
+        tag: Some(cfg.tag.clone()),
+        ..Default::default()
+    };
     let id = match call(&mut client, "create sandbox", Request::CreateSandbox(spec))? {
         Response::Sandbox(s) => s.id,
-        r => return Err(DriverError::Daemon { what: "create sandbox", message: format!("unexpected {r:?}") }),
+        r => {
+            return Err(DriverError::Daemon {
+                what: "create sandbox",
+                message: format!("unexpected {r:?}"),
+            })
+        }
     };
     let (log, _) = ContextLog::open(log_path)?;
     let n = traj.steps.len();
@@ -394,7 +464,10 @@ pub fn run_trajectory(
         policy,
         log,
         stats: TrajectoryStats {
-            timeline: TrajectoryTimeline { trajectory: traj.name.clone(), events: Vec::new() },
+            timeline: TrajectoryTimeline {
+                trajectory: traj.name.clone(),
+                events: Vec::new(),
+            },
             ..Default::default()
         },
         messages: Vec::new(),
@@ -405,7 +478,10 @@ pub fn run_trajectory(
         attempts: vec![0; n + 1],
     };
     let result = (|| {
-        run.exec(SETUP).map_err(|message| DriverError::Daemon { what: "setup", message })?;
+        run.exec(SETUP).map_err(|message| DriverError::Daemon {
+            what: "setup",
+            message,
+        })?;
         let mut k = 0u64;
         let mut pending = None;
         while (k as usize) < n {
@@ -417,7 +493,10 @@ pub fn run_trajectory(
                 k = run.recover(t, pending.take())?;
             }
             if run.attempts.iter().sum::<u32>() as usize > 50 * n + 100 {
-                return Err(DriverError::Daemon { what: "rollout", message: "too many failed attempts".into() });
+                return Err(DriverError::Daemon {
+                    what: "rollout",
+                    message: "too many failed attempts".into(),
+                });
             }
         }
         Ok(())

@@ -90,7 +90,9 @@ struct RunSpec {
 
 fn policy_for(kind: PolicyKind, args: &RolloutArgs, samples: &[f64]) -> Result<Policy> {
     let config = PolicyConfig {
-        failure: FailureModel::Fixed { p: args.failure_rate },
+        failure: FailureModel::Fixed {
+            p: args.failure_rate,
+        },
         checkpoint_timeout_s: args.checkpoint_timeout,
         initial_checkpoint_cost_s: args.initial_checkpoint_cost,
         ..PolicyConfig::default()
@@ -113,16 +115,26 @@ fn run_policy(
     let cfg = TrajectoryRun {
         socket: socket.to_path_buf(),
         image: args.image.clone(),
-        tag: format!("rollout-{}-{}", std::process::id(), spec.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")),
+        tag: format!(
+            "rollout-{}-{}",
+            std::process::id(),
+            spec.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+        ),
         time_scale: args.time_scale,
         action_timeout_s: args.action_timeout,
         seed: args.seed,
-        schedule: FailureSchedule { seed: args.seed, p: if spec.inject { args.failure_rate } else { 0.0 } },
+        schedule: FailureSchedule {
+            seed: args.seed,
+            p: if spec.inject { args.failure_rate } else { 0.0 },
+        },
         kind: spec.kind,
         llm_samples: samples.clone(),
         origin,
     };
-    let logs = args.out.join("context").join(spec.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
+    let logs = args
+        .out
+        .join("context")
+        .join(spec.name.replace(|c: char| !c.is_ascii_alphanumeric(), "-"));
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let queue = Mutex::new(trajectories.iter().collect::<VecDeque<_>>());
     let results: Mutex<Vec<(String, Result<TrajectoryStats, String>)>> = Mutex::new(Vec::new());
@@ -130,13 +142,20 @@ fn run_policy(
     std::thread::scope(|s| {
         for _ in 0..args.concurrency.max(1) {
             s.spawn(|| loop {
-                let Some(traj) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else { break };
+                let Some(traj) = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
+                    break;
+                };
                 let log = logs.join(format!("{}.log", traj.name));
                 let _ = std::fs::remove_file(&log);
                 let r = policy_for(spec.kind, args, samples)
                     .map_err(|e| e.to_string())
-                    .and_then(|p| run_trajectory(&cfg, traj, p, &log, &on_step).map_err(|e| format!("{e:#}")));
-                results.lock().unwrap_or_else(|p| p.into_inner()).push((traj.name.clone(), r));
+                    .and_then(|p| {
+                        run_trajectory(&cfg, traj, p, &log, &on_step).map_err(|e| format!("{e:#}"))
+                    });
+                results
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((traj.name.clone(), r));
             });
         }
     });
@@ -175,7 +194,9 @@ fn run_policy(
                 out.validity_errors.extend(st.validity_errors);
                 out.timeline.push(st.timeline);
             }
-            Err(e) => out.validity_errors.push(format!("{name}: trajectory aborted: {e}")),
+            Err(e) => out
+                .validity_errors
+                .push(format!("{name}: trajectory aborted: {e}")),
         }
     }
     Ok(out)
@@ -188,9 +209,18 @@ fn ensure_image(c: &mut belayer_ipc::Client, name: &str, rootfs: &Path) -> Resul
         }
     }
     if !rootfs.is_dir() {
-        bail!("image {name} is missing and {} does not exist: run scripts/setup.sh", rootfs.display());
+        bail!(
+            "image {name} is missing and {} does not exist: run scripts/setup.sh",
+            rootfs.display()
+        );
     }
-    crate::cli::call(c, Request::ImportImage { name: name.into(), source: rootfs.display().to_string() })?;
+    crate::cli::call(
+        c,
+        Request::ImportImage {
+            name: name.into(),
+            source: rootfs.display().to_string(),
+        },
+    )?;
     Ok(())
 }
 
@@ -215,20 +245,38 @@ pub fn run(socket: &Path, args: RolloutArgs, json: bool) -> Result<i32> {
     }
     let samples = Arc::new(trajectory::llm_samples(&trajectories));
     let (mut client, embedded) = connect_or_embed(socket)?;
-    let socket = embedded.as_ref().map_or_else(|| socket.to_path_buf(), |e| e.socket.clone());
+    let socket = embedded
+        .as_ref()
+        .map_or_else(|| socket.to_path_buf(), |e| e.socket.clone());
     ensure_image(&mut client, &args.image, &args.image_rootfs)?;
     drop(client);
 
     let kinds: Vec<PolicyKind> = match (&args.policy, args.compare.is_empty()) {
         (Some(k), _) => vec![*k],
-        (None, true) => vec![PolicyKind::Adaptive, PolicyKind::Always, PolicyKind::Restart],
+        (None, true) => vec![
+            PolicyKind::Adaptive,
+            PolicyKind::Always,
+            PolicyKind::Restart,
+        ],
         (None, false) => args.compare.clone(),
     };
-    let mut specs = vec![RunSpec { name: "failure-free".into(), kind: PolicyKind::Never, inject: false }];
+    let mut specs = vec![RunSpec {
+        name: "failure-free".into(),
+        kind: PolicyKind::Never,
+        inject: false,
+    }];
     if kinds.contains(&PolicyKind::Adaptive) && !args.no_overhead_run {
-        specs.push(RunSpec { name: "adaptive (no failures)".into(), kind: PolicyKind::Adaptive, inject: false });
+        specs.push(RunSpec {
+            name: "adaptive (no failures)".into(),
+            kind: PolicyKind::Adaptive,
+            inject: false,
+        });
     }
-    specs.extend(kinds.iter().map(|k| RunSpec { name: k.to_string(), kind: *k, inject: true }));
+    specs.extend(kinds.iter().map(|k| RunSpec {
+        name: k.to_string(),
+        kind: *k,
+        inject: true,
+    }));
 
     let total_steps: u64 = trajectories.iter().map(|t| t.steps.len() as u64).sum();
     let multi = MultiProgress::new();
@@ -262,7 +310,11 @@ pub fn run(socket: &Path, args: RolloutArgs, json: bool) -> Result<i32> {
     };
     report.fill_increases();
     let files = crate::report::write_report(&args.out, &report)?;
-    let errors: usize = report.policies.iter().map(|p| p.validity_errors.len()).sum::<usize>()
+    let errors: usize = report
+        .policies
+        .iter()
+        .map(|p| p.validity_errors.len())
+        .sum::<usize>()
         + report.failure_free.validity_errors.len();
     if json {
         let text = std::fs::read_to_string(args.out.join("report.json")).unwrap_or_default();
@@ -285,7 +337,17 @@ fn print_summary(r: &RolloutReport, files: &[PathBuf]) {
     );
     println!(
         "{:<24} {:>9} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8} {:>9} {:>8}",
-        "policy", "makespan", "increase", "incr%", "failures", "restores", "regen", "ckpts", "skipped", "visible_s", "invalid"
+        "policy",
+        "makespan",
+        "increase",
+        "incr%",
+        "failures",
+        "restores",
+        "regen",
+        "ckpts",
+        "skipped",
+        "visible_s",
+        "invalid"
     );
     for p in std::iter::once(&r.failure_free).chain(&r.policies) {
         println!(

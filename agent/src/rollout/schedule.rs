@@ -63,12 +63,18 @@ mod tests {
     fn schedule_is_deterministic_and_has_the_right_rate() {
         let s = FailureSchedule { seed: 7, p: 0.05 };
         assert_eq!(s.failure("t", 3, 0), s.failure("t", 3, 0));
-        let hits = (0..20_000u64).filter(|k| s.failure("t", *k, 0).is_some()).count();
+        let hits = (0..20_000u64)
+            .filter(|k| s.failure("t", *k, 0).is_some())
+            .count();
         assert!((800..1200).contains(&hits), "{hits} of 20000 at p=0.05");
-        assert!((0..1000u64).filter_map(|k| s.failure("t", k, 0)).all(|f| (0.0..1.0).contains(&f)));
+        assert!((0..1000u64)
+            .filter_map(|k| s.failure("t", k, 0))
+            .all(|f| (0.0..1.0).contains(&f)));
         assert_eq!(FailureSchedule { seed: 7, p: 0.0 }.failure("t", 1, 0), None);
         // Different attempts of the same step draw independently.
-        let again = (0..2000u64).filter(|k| s.failure("t", *k, 0).is_some() && s.failure("t", *k, 1).is_some()).count();
+        let again = (0..2000u64)
+            .filter(|k| s.failure("t", *k, 0).is_some() && s.failure("t", *k, 1).is_some())
+            .count();
         assert!(again < 20);
     }
 

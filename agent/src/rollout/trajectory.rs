@@ -100,7 +100,10 @@ pub fn parse(name: &str, text: &str, path: &Path) -> Result<Trajectory, Trajecto
     if steps.is_empty() {
         return Err(TrajectoryError::Empty(name.to_string()));
     }
-    Ok(Trajectory { name: name.to_string(), steps })
+    Ok(Trajectory {
+        name: name.to_string(),
+        steps,
+    })
 }
 
 /// The built-in default selection.
@@ -116,10 +119,16 @@ pub fn default_selection() -> Vec<Trajectory> {
 pub fn load(paths: &[PathBuf]) -> Result<Vec<Trajectory>, TrajectoryError> {
     let mut out = Vec::new();
     for p in paths {
-        let meta = fs::metadata(p).map_err(|source| TrajectoryError::Read { path: p.clone(), source })?;
+        let meta = fs::metadata(p).map_err(|source| TrajectoryError::Read {
+            path: p.clone(),
+            source,
+        })?;
         if meta.is_dir() {
             let mut files: Vec<PathBuf> = fs::read_dir(p)
-                .map_err(|source| TrajectoryError::Read { path: p.clone(), source })?
+                .map_err(|source| TrajectoryError::Read {
+                    path: p.clone(),
+                    source,
+                })?
                 .flatten()
                 .map(|e| e.path())
                 .filter(|f| f.extension().is_some_and(|e| e == "jsonl"))
@@ -140,9 +149,14 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Trajectory>, TrajectoryError> {
 }
 
 fn load_file(path: &Path) -> Result<Trajectory, TrajectoryError> {
-    let text =
-        fs::read_to_string(path).map_err(|source| TrajectoryError::Read { path: path.to_path_buf(), source })?;
-    let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let text = fs::read_to_string(path).map_err(|source| TrajectoryError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     parse(&name, &text, path)
 }
 
@@ -175,6 +189,9 @@ mod tests {
             Err(TrajectoryError::Parse { line, .. }) => assert_eq!(line, 2),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(parse("t", "\n", Path::new("t")), Err(TrajectoryError::Empty(_))));
+        assert!(matches!(
+            parse("t", "\n", Path::new("t")),
+            Err(TrajectoryError::Empty(_))
+        ));
     }
 }

@@ -56,13 +56,21 @@ impl Translator {
         let arg = |i: usize| args.get(i).map(String::as_str);
         match head {
             "open" => {
-                let Some(path) = arg(0) else { return "echo 'Usage: open <file> [<line>]'; false".into() };
+                let Some(path) = arg(0) else {
+                    return "echo 'Usage: open <file> [<line>]'; false".into();
+                };
                 self.open_file = Some(path.to_string());
-                self.first_line = arg(1).and_then(|l| l.parse::<usize>().ok()).unwrap_or(1).saturating_sub(WINDOW / 2);
+                self.first_line = arg(1)
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .unwrap_or(1)
+                    .saturating_sub(WINDOW / 2);
                 self.window()
             }
             "goto" => {
-                self.first_line = arg(0).and_then(|l| l.parse::<usize>().ok()).unwrap_or(1).saturating_sub(WINDOW / 2);
+                self.first_line = arg(0)
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .unwrap_or(1)
+                    .saturating_sub(WINDOW / 2);
                 self.window()
             }
             "scroll_down" => {
@@ -74,7 +82,9 @@ impl Translator {
                 self.window()
             }
             "create" => {
-                let Some(path) = arg(0) else { return "false".into() };
+                let Some(path) = arg(0) else {
+                    return "false".into();
+                };
                 self.open_file = Some(path.to_string());
                 self.first_line = 1;
                 format!("touch {} && {}", shell_quote(path), self.window())
@@ -82,16 +92,27 @@ impl Translator {
             "find_file" => {
                 let name = arg(0).unwrap_or("*");
                 let dir = arg(1).unwrap_or(".");
-                format!("find {} -name {} 2>/dev/null | head -n 50", shell_quote(dir), shell_quote(name))
+                format!(
+                    "find {} -name {} 2>/dev/null | head -n 50",
+                    shell_quote(dir),
+                    shell_quote(name)
+                )
             }
             "search_dir" => {
                 let term = arg(0).unwrap_or("");
                 let dir = arg(1).unwrap_or(".");
-                format!("grep -rn -- {} {} 2>/dev/null | head -n 100", shell_quote(term), shell_quote(dir))
+                format!(
+                    "grep -rn -- {} {} 2>/dev/null | head -n 100",
+                    shell_quote(term),
+                    shell_quote(dir)
+                )
             }
             "search_file" => {
                 let term = arg(0).unwrap_or("");
-                match arg(1).map(str::to_string).or_else(|| self.open_file.clone()) {
+                match arg(1)
+                    .map(str::to_string)
+                    .or_else(|| self.open_file.clone())
+                {
                     Some(f) => format!("grep -n -- {} {}", shell_quote(term), shell_quote(&f)),
                     None => "echo 'No file open.'; false".into(),
                 }
@@ -123,7 +144,12 @@ impl Translator {
             a.saturating_sub(1),
             b
         );
-        format!("python3 -c {} {} && {}", shell_quote(&script), shell_quote(file), self.window())
+        format!(
+            "python3 -c {} {} && {}",
+            shell_quote(&script),
+            shell_quote(file),
+            self.window()
+        )
     }
 }
 
@@ -136,17 +162,36 @@ fn openhands_edit(step: &Step) -> String {
         .map(str::trim)
         .filter(|p| p.starts_with('/'))
         .map(str::to_string)
-        .or_else(|| step.obs_head.split_whitespace().find(|w| w.starts_with('/')).map(|w| w.trim_end_matches([',', '.', ':']).to_string()));
-    let Some(path) = path else { return "true".into() };
+        .or_else(|| {
+            step.obs_head
+                .split_whitespace()
+                .find(|w| w.starts_with('/'))
+                .map(|w| w.trim_end_matches([',', '.', ':']).to_string())
+        });
+    let Some(path) = path else {
+        return "true".into();
+    };
     let added: Vec<&str> = step
         .obs_head
         .lines()
         .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
         .map(|l| &l[1..])
         .collect();
-    let dir = std::path::Path::new(&path).parent().map(|d| d.display().to_string()).unwrap_or_else(|| "/".into());
-    let content = if added.is_empty() { "# edited\n".to_string() } else { added.join("\n") + "\n" };
-    format!("mkdir -p {} && printf '%s' {} >> {}", shell_quote(&dir), shell_quote(&content), shell_quote(&path))
+    let dir = std::path::Path::new(&path)
+        .parent()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|| "/".into());
+    let content = if added.is_empty() {
+        "# edited\n".to_string()
+    } else {
+        added.join("\n") + "\n"
+    };
+    format!(
+        "mkdir -p {} && printf '%s' {} >> {}",
+        shell_quote(&dir),
+        shell_quote(&content),
+        shell_quote(&path)
+    )
 }
 
 /// A Python string literal for arbitrary text.
@@ -202,12 +247,23 @@ mod tests {
     use super::*;
 
     fn step(kind: &str, cmd: &str) -> Step {
-        Step { step: 1, kind: kind.into(), cmd: cmd.into(), llm_s: None, exec_s: None, rc: None, obs_head: String::new() }
+        Step {
+            step: 1,
+            kind: kind.into(),
+            cmd: cmd.into(),
+            llm_s: None,
+            exec_s: None,
+            rc: None,
+            obs_head: String::new(),
+        }
     }
 
     #[test]
     fn bash_runs_as_recorded() {
-        assert_eq!(Translator::default().translate(&step("bash", "ls -la")), "ls -la");
+        assert_eq!(
+            Translator::default().translate(&step("bash", "ls -la")),
+            "ls -la"
+        );
     }
 
     #[test]
@@ -218,10 +274,24 @@ mod tests {
         let mut t = Translator::default();
         let open = t.translate(&step("sweagent-tool", &format!("open {}\n", f.display())));
         assert!(open.contains("cat -n"));
-        let edit = t.translate(&step("sweagent-tool", "edit 2:2\nB1\nB2 'quoted' \\x\nend_of_edit\n"));
-        let out = std::process::Command::new("sh").arg("-c").arg(&edit).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(std::fs::read_to_string(&f).unwrap(), "a\nB1\nB2 'quoted' \\x\nc\n");
+        let edit = t.translate(&step(
+            "sweagent-tool",
+            "edit 2:2\nB1\nB2 'quoted' \\x\nend_of_edit\n",
+        ));
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&edit)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "a\nB1\nB2 'quoted' \\x\nc\n"
+        );
         let find = t.translate(&step("sweagent-tool", "find_file \"m.py\" /tmp\n"));
         assert_eq!(find, "find /tmp -name m.py 2>/dev/null | head -n 50");
     }
@@ -231,11 +301,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/game.py");
         let mut s = step("edit", &format!("edit {}", path.display()));
-        s.obs_head = format!("--- {p}\n+++ {p}\n@@ -0,0 +1,2 @@\n+import random\n+x = 'it''s'\n", p = path.display());
+        s.obs_head = format!(
+            "--- {p}\n+++ {p}\n@@ -0,0 +1,2 @@\n+import random\n+x = 'it''s'\n",
+            p = path.display()
+        );
         let cmd = Translator::default().translate(&s);
-        let out = std::process::Command::new("sh").arg("-c").arg(&cmd).output().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .output()
+            .unwrap();
         assert!(out.status.success());
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "import random\nx = 'it''s'\n");
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "import random\nx = 'it''s'\n"
+        );
     }
 
     #[test]

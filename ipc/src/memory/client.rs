@@ -233,8 +233,24 @@ impl MemClient {
         request: MemRequest,
         max_fds: usize,
     ) -> Result<(MemResponse, Vec<OwnedFd>), MemClientError> {
-        send_message(&self.stream, id, request, &[], self.max_frame)
-            .map_err(|source| MemClientError::Send { id, source })?;
+        if let Err(source) = send_message(&self.stream, id, request, &[], self.max_frame) {
+            // The server may have refused us and closed already: its reply (id 0) may still be
+            // waiting in our receive queue. (Only after a socket error: the peer is gone, so the
+            // read cannot block.)
+            let closed = matches!(source, WireError::FdPass { .. });
+            if let Some(Ok((envelope, _))) =
+                closed.then(|| recv_message::<MemResponse, _>(&self.stream, self.max_frame, 0))
+            {
+                if let (0, MemResponse::Error(reply)) = (envelope.id, envelope.body) {
+                    self.broken = true;
+                    return Err(MemClientError::Refused {
+                        code: reply.code,
+                        message: reply.message,
+                    });
+                }
+            }
+            return Err(MemClientError::Send { id, source });
+        }
         let (envelope, fds) = self.receive(id, max_fds)?;
         if envelope.0 != id {
             if let MemResponse::Error(reply) = envelope.1 {
