@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belayer_ipc::{
-    ErrorCode, ErrorReply, PeerCred, Request, Response, SandboxInfo, StatusInfo, PROTOCOL_VERSION,
+    ErrorCode, ErrorReply, Event, PeerCred, Request, Response, SandboxInfo, StatusInfo,
+    PROTOCOL_VERSION,
 };
 
 use crate::cgroup::{CgroupLayout, SandboxCgroup};
@@ -21,6 +22,10 @@ use crate::runtime::Runtime;
 use crate::sandbox::{self, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
 use crate::store::CheckpointStore;
 use crate::sys;
+
+pub mod rollout_api;
+
+use rollout_api::{ContextLogs, EventBus, Policies};
 
 /// Errors starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +64,14 @@ pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
 pub struct Agent {
     rt: Runtime,
     sandboxes: Mutex<HashMap<String, Arc<SandboxSlot>>>,
+    /// Subscribers of daemon events (`Request::Subscribe`, [`Agent::subscribe`]).
+    events: EventBus,
+    /// Checkpoint policy per sandbox (`Request::MaybeCheckpoint`).
+    policies: Policies,
+    /// Context log per trajectory (`Request::ContextAppend`/`ContextLookup`).
+    contexts: ContextLogs,
+    /// `(sandbox, instance)` pairs already announced as failed.
+    failed_seen: Mutex<std::collections::HashSet<(String, u32)>>,
 }
 
 fn error(code: ErrorCode, e: &dyn std::error::Error) -> Response {
@@ -109,7 +122,12 @@ impl Agent {
             path: "/proc/self/exe".into(),
             source,
         })?;
+        let contexts = ContextLogs::new(&config.state_dir);
         let agent = Arc::new(Agent {
+            events: EventBus::default(),
+            policies: Policies::default(),
+            contexts,
+            failed_seen: Mutex::new(std::collections::HashSet::new()),
             rt: Runtime {
                 config,
                 images,
@@ -126,6 +144,7 @@ impl Agent {
                 std::thread::sleep(Duration::from_millis(200));
                 let Some(agent) = weak.upgrade() else { break };
                 agent.reap();
+                agent.watch_failures();
             })
             .map_err(|source| StartError::StateDir {
                 path: "reaper thread".into(),
@@ -145,6 +164,82 @@ impl Agent {
 
     fn slot(&self, id: &str) -> Option<Arc<SandboxSlot>> {
         self.registry().get(id).cloned()
+    }
+
+    /// Sends `event` to every subscriber (clients of `Request::Subscribe` and
+    /// [`subscribe`](Self::subscribe) callers).
+    pub fn publish(&self, event: Event) {
+        self.events.publish(event);
+    }
+
+    /// A new event subscription: every event published from now on.
+    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Announces sandboxes whose init died (once per instance) and forgets the policies of
+    /// removed sandboxes.
+    fn watch_failures(&self) {
+        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+        for slot in &slots {
+            let rec = slot.refresh();
+            if rec.state != SandboxState::Failed {
+                continue;
+            }
+            let fresh = self
+                .failed_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((rec.id.clone(), rec.instance));
+            if fresh {
+                self.publish(Event::SandboxFailed {
+                    id: rec.id.clone(),
+                    reason: format!("the init of instance {} is gone", rec.instance),
+                });
+            }
+        }
+        let live: std::collections::HashSet<String> = self.registry().keys().cloned().collect();
+        self.policies.retain(|id| live.contains(id));
+    }
+
+    fn maybe_checkpoint(&self, req: belayer_ipc::MaybeCheckpointRequest) -> Response {
+        let Some(slot) = self.slot(&req.id) else {
+            return unknown(&req.id);
+        };
+        let instance = slot.record().instance;
+        let pending = match self.policies.decide(&req, instance) {
+            Ok(p) => p,
+            Err(e) => return error(ErrorCode::BadRequest, &e),
+        };
+        let decision = rollout_api::decision_info(&pending.decision);
+        if !pending.decision.checkpoint {
+            return Response::MaybeCheckpoint(belayer_ipc::MaybeCheckpointResult {
+                checkpointed: false,
+                decision,
+                checkpoint: None,
+            });
+        }
+        let started = std::time::Instant::now();
+        let creq = belayer_ipc::CheckpointRequest {
+            id: req.id.clone(),
+            prefix: req.prefix,
+            context: req.context,
+            fault: None,
+        };
+        let result = sandbox::checkpoint::checkpoint(&self.rt, &slot, &creq);
+        self.policies
+            .checkpoint_done(&pending, started.elapsed().as_secs_f64(), result.is_ok());
+        match result {
+            Ok(info) => {
+                self.publish(rollout_api::checkpoint_ready(&info));
+                Response::MaybeCheckpoint(belayer_ipc::MaybeCheckpointResult {
+                    checkpointed: true,
+                    decision,
+                    checkpoint: Some(info),
+                })
+            }
+            Err(e) => error(e.code(), &e),
+        }
     }
 
     /// Reaps exited sandbox inits (they are our children, directly or as subreaper).
@@ -350,7 +445,10 @@ impl Agent {
             },
             Request::Checkpoint(req) => match self.slot(&req.id) {
                 Some(slot) => match sandbox::checkpoint::checkpoint(&self.rt, &slot, &req) {
-                    Ok(info) => Response::Checkpoint(info),
+                    Ok(info) => {
+                        self.publish(rollout_api::checkpoint_ready(&info));
+                        Response::Checkpoint(info)
+                    }
                     Err(e) => error(e.code(), &e),
                 },
                 None => unknown(&req.id),
@@ -386,6 +484,25 @@ impl Agent {
                 None => unknown(&id),
             },
             Request::Gc { older_than_s, tag } => self.gc(older_than_s, tag.as_deref()),
+            Request::MaybeCheckpoint(req) => self.maybe_checkpoint(req),
+            Request::ContextAppend {
+                trajectory,
+                prefix,
+                context,
+            } => match self.contexts.append(&trajectory, prefix, context) {
+                Ok(entry) => Response::Context(entry),
+                Err(e) => Response::Error(e.reply()),
+            },
+            Request::ContextLookup { trajectory, prefix } => {
+                match self.contexts.lookup(&trajectory, prefix) {
+                    Ok(entry) => Response::Context(entry),
+                    Err(e) => Response::Error(e.reply()),
+                }
+            }
+            Request::Subscribe => Response::Error(ErrorReply {
+                code: ErrorCode::BadRequest,
+                message: "subscribe is served by the socket server, not dispatched".into(),
+            }),
         }
     }
 }
@@ -437,5 +554,10 @@ impl belayer_ipc::Handler for Agent {
     fn handle(&self, peer: &PeerCred, request: Request) -> Response {
         tracing::debug!(pid = peer.pid, uid = peer.uid, ?request, "request");
         self.dispatch(request)
+    }
+
+    fn subscribe(&self, peer: &PeerCred) -> Option<std::sync::mpsc::Receiver<Event>> {
+        tracing::debug!(pid = peer.pid, uid = peer.uid, "event subscription");
+        Some(Agent::subscribe(self))
     }
 }

@@ -38,6 +38,13 @@
 //! owner-alive check, mappings with unmap/remap at the same address, the host (memfd) and CUDA
 //! (driver VMM) backends, the GPU health check, and their C ABI.
 //!
+//! # C ABI
+//!
+//! [`ffi`] holds what every function of `libbelayer`'s C ABI shares (status codes, the
+//! per-thread last error, the panic guard); the daemon half of the ABI lives in the
+//! `belayer-capi` crate (`ipc/capi`), which builds `libbelayer.so`/`libbelayer.a` and the
+//! generated header `belayer.h`.
+//!
 //! # Dependencies
 //!
 //! - `bincode` (=2.0.1, serde mode): the payload encoding, compact and with a decode byte limit.
@@ -58,6 +65,7 @@
 //!   cannot place, so it is not used.
 #![warn(missing_docs)]
 
+pub mod ffi;
 pub mod frame;
 pub mod memory;
 pub mod message;
@@ -69,14 +77,15 @@ pub use frame::{
     PROTOCOL_VERSION,
 };
 pub use message::{
-    CheckpointInfo, CheckpointRequest, CheckpointTimings, Envelope, ErrorCode, ErrorReply, Event,
-    ExecRequest, ExecResult, FailPoint, ImageInfo, Request, Response, RestoreInfo, RestoreTimings,
-    RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
+    CheckpointInfo, CheckpointRequest, CheckpointTimings, ContextEntry, DecisionInfo, Envelope,
+    ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo,
+    MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response, RestoreInfo,
+    RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
 };
 pub use transport::{
     peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, Client, ClientError,
     CredsError, FdPassError, Handler, PeerCred, Server, ServerConfig, ServerError, ServerHandle,
-    ShutdownTrigger, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE,
+    ShutdownTrigger, Subscription, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE,
 };
 
 /// `err` and its chain of sources, joined with `": "` (for error replies and log fields).

@@ -80,6 +80,34 @@ pub enum Request {
     },
     /// Daemon status: version, features, counts.
     Status,
+    /// Feed the checkpoint policy of a sandbox one step's timing; the daemon takes a full
+    /// checkpoint C_k when the policy says so (paper, Algorithm 1). Answered by
+    /// [`Response::MaybeCheckpoint`].
+    MaybeCheckpoint(MaybeCheckpointRequest),
+    /// Append the LLM context L_k of `trajectory` at action boundary `prefix` to the
+    /// trajectory's context log (under the daemon's state dir). Answered by
+    /// [`Response::Context`].
+    ContextAppend {
+        /// Trajectory id: `[A-Za-z0-9._-]{1,128}`.
+        trajectory: String,
+        /// Action boundary k.
+        prefix: u64,
+        /// The context, opaque bytes.
+        #[serde(with = "serde_bytes")]
+        context: Vec<u8>,
+    },
+    /// Look up the context of `trajectory` at boundary `prefix` (`None`: the latest boundary).
+    /// Answered by [`Response::Context`], or [`ErrorCode::NotFound`].
+    ContextLookup {
+        /// Trajectory id.
+        trajectory: String,
+        /// Action boundary k, or `None` for the latest one.
+        prefix: Option<u64>,
+    },
+    /// Turn this connection into an event stream: the daemon answers [`Response::Subscribed`],
+    /// then sends [`Event`] frames (kind 3, id 0) until either side closes. The client sends
+    /// nothing more on the connection.
+    Subscribe,
 }
 
 /// Everything `belayerd` answers.
@@ -119,6 +147,12 @@ pub enum Response {
     Done,
     /// The request failed.
     Error(ErrorReply),
+    /// Answer to [`Request::MaybeCheckpoint`].
+    MaybeCheckpoint(MaybeCheckpointResult),
+    /// A context record (answer to [`Request::ContextAppend`] and [`Request::ContextLookup`]).
+    Context(ContextEntry),
+    /// Answer to [`Request::Subscribe`]: events follow on this connection.
+    Subscribed,
 }
 
 /// Asynchronous notifications from the daemon.
@@ -394,6 +428,8 @@ pub enum ErrorCode {
     Unsupported,
     /// Anything else on the daemon's side.
     Internal,
+    /// The looked-up thing (e.g. a context record) does not exist.
+    NotFound,
 }
 
 /// A typed error answer.
@@ -403,4 +439,96 @@ pub struct ErrorReply {
     pub code: ErrorCode,
     /// Human-readable message with the context (ids, paths, causes).
     pub message: String,
+}
+
+/// Which checkpoint policy a sandbox runs and its failure model (see
+/// [`Request::MaybeCheckpoint`]). Unset fields keep the daemon's defaults.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct PolicySpec {
+    /// `adaptive` (default), `always`, `never`, `every:N` or `restart`.
+    pub kind: Option<String>,
+    /// Fixed failure probability per step, in [0, 1].
+    pub failure_p: Option<f64>,
+    /// Fail-stop rate per second (p_t = 1 - exp(-rate * d_t)); used when `failure_p` is unset.
+    pub failure_rate_per_s: Option<f64>,
+    /// A checkpoint longer than this, seconds, counts as timed out and starts the cooldown.
+    pub checkpoint_timeout_s: Option<f64>,
+    /// Cooldown after a timed-out checkpoint, seconds.
+    pub cooldown_s: Option<f64>,
+}
+
+/// One step's timing for the checkpoint policy of a sandbox, right after action `prefix`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct MaybeCheckpointRequest {
+    /// Sandbox id.
+    pub id: String,
+    /// Action boundary k just reached (step t = k).
+    pub prefix: u64,
+    /// The LLM context L_k, stored with the checkpoint if one is taken.
+    #[serde(with = "serde_bytes")]
+    pub context: Vec<u8>,
+    /// d_t: wall-clock duration of the step (LLM response plus action), seconds.
+    pub step_duration_s: f64,
+    /// C_t: work since the last ready checkpoint that a failure would force to regenerate,
+    /// seconds. `None`: the daemon sums the step durations since the last checkpoint.
+    pub regen_cost_s: Option<f64>,
+    /// x: how long the next LLM response has already been running, seconds (usually 0).
+    pub llm_elapsed_s: f64,
+    /// The completed LLM response time of this step, seconds, fed into the distribution of T.
+    pub llm_response_s: Option<f64>,
+    /// Policy of the sandbox; set (or replaced, when it differs) before deciding. `None`
+    /// keeps the current one (default: adaptive with a fixed p = 0.01 per step).
+    pub policy: Option<PolicySpec>,
+}
+
+/// A checkpoint decision with the inputs it was computed from (seconds, probabilities).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DecisionInfo {
+    /// Step t.
+    pub step: u64,
+    /// Whether the policy said checkpoint.
+    pub checkpoint: bool,
+    /// Why: `benefit`, `cost`, `cooldown`, `always`, `never`, `every_n`, `restart`, `clean`.
+    pub reason: String,
+    /// p_t.
+    pub p: f64,
+    /// C_t, seconds.
+    pub regen_cost_s: f64,
+    /// c_t, seconds.
+    pub c_s: f64,
+    /// x, seconds.
+    pub elapsed_llm_s: f64,
+    /// q(x; c_t).
+    pub q: f64,
+    /// p_t * C_t, seconds.
+    pub benefit: f64,
+    /// c_t * (1 - q), seconds.
+    pub visible_cost: f64,
+}
+
+/// Answer to [`Request::MaybeCheckpoint`].
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct MaybeCheckpointResult {
+    /// Whether a checkpoint was taken and published.
+    pub checkpointed: bool,
+    /// The decision.
+    pub decision: DecisionInfo,
+    /// The published checkpoint, when one was taken.
+    pub checkpoint: Option<CheckpointInfo>,
+}
+
+/// One context record of a trajectory's log.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ContextEntry {
+    /// Trajectory id.
+    pub trajectory: String,
+    /// Action boundary k.
+    pub prefix: u64,
+    /// The context.
+    #[serde(with = "serde_bytes")]
+    pub context: Vec<u8>,
+    /// Record id (byte offset of the record in the log).
+    pub record: u64,
+    /// blake3 of the context, hex.
+    pub digest: String,
 }

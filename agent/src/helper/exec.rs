@@ -45,14 +45,8 @@ pub enum ExecHelperError {
         source: std::io::Error,
     },
     /// Joining the sandbox cgroup failed.
-    #[error("cannot join cgroup via {path}")]
-    JoinCgroup {
-        /// The `cgroup.procs` file.
-        path: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    JoinCgroup(#[from] super::JoinCgroupError),
     /// A syscall failed.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
@@ -120,13 +114,7 @@ fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
     if !sys::process_matches(pid, start) {
         return Err(ExecHelperError::InitGone { pid });
     }
-    let me = std::process::id().to_string();
-    for path in args.all("--procs") {
-        fs::write(path, &me).map_err(|source| ExecHelperError::JoinCgroup {
-            path: path.to_string(),
-            source,
-        })?;
-    }
+    super::join_cgroup(&args.all("--procs"))?;
     for (f, flag, path) in &namespaces {
         setns(f.as_fd(), *flag).map_err(|e| SyscallError::new("setns", path.clone(), e))?;
     }

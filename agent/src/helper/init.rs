@@ -39,14 +39,8 @@ pub enum InitError {
     #[error("missing argument {0}")]
     MissingArgument(&'static str),
     /// Joining the sandbox cgroup failed.
-    #[error("cannot join cgroup via {path}")]
-    JoinCgroup {
-        /// The `cgroup.procs` file.
-        path: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    JoinCgroup(#[from] super::JoinCgroupError),
     /// A syscall failed in the helper.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
@@ -79,13 +73,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
         .chain(args.all("--env").into_iter().map(str::to_string))
         .map(|s| CString::new(s).unwrap_or_default())
         .collect();
-    let me = std::process::id().to_string();
-    for path in args.all("--procs") {
-        fs::write(path, &me).map_err(|source| InitError::JoinCgroup {
-            path: path.to_string(),
-            source,
-        })?;
-    }
+    super::join_cgroup(&args.all("--procs"))?;
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SyscallError::io("pipe2", "status", e.into()))?;
     unshare(

@@ -40,6 +40,30 @@ pub fn self_exe() -> std::io::Result<PathBuf> {
     std::fs::read_link("/proc/self/exe")
 }
 
+/// Moves the calling process into the sandbox cgroup: writes its pid to every `cgroup.procs`
+/// file in `procs` (one per hierarchy). Errors name the file.
+pub(crate) fn join_cgroup(procs: &[&str]) -> Result<(), JoinCgroupError> {
+    let me = std::process::id().to_string();
+    for path in procs {
+        std::fs::write(path, &me).map_err(|source| JoinCgroupError {
+            path: path.to_string(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Joining the sandbox cgroup failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot join cgroup via {path}")]
+pub struct JoinCgroupError {
+    /// The `cgroup.procs` file.
+    pub path: String,
+    /// Cause.
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Returns the value after `--name` in `args`, and every value for repeated flags.
 pub(crate) struct Args<'a> {
     args: &'a [String],

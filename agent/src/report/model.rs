@@ -79,6 +79,43 @@ pub struct PolicyResult {
 }
 
 impl PolicyResult {
+    /// An empty result (all counters zero) named `name`.
+    pub fn empty(name: impl Into<String>) -> Self {
+        PolicyResult {
+            name: name.into(),
+            makespan_s: 0.0,
+            increase_s: 0.0,
+            increase_pct: 0.0,
+            failures: 0,
+            restores: 0,
+            regenerated_steps: 0,
+            regenerated_s: 0.0,
+            checkpoints_taken: 0,
+            checkpoints_skipped: 0,
+            checkpoint_hidden_s: 0.0,
+            checkpoint_visible_s: 0.0,
+            bytes_written: 0,
+            validity_errors: Vec::new(),
+            timeline: Vec::new(),
+        }
+    }
+
+    /// Adds the counters, errors and timelines of `other` (e.g. one trajectory's) to `self`;
+    /// makespans and increases are left alone.
+    pub fn absorb(&mut self, other: PolicyResult) {
+        self.failures += other.failures;
+        self.restores += other.restores;
+        self.regenerated_steps += other.regenerated_steps;
+        self.regenerated_s += other.regenerated_s;
+        self.checkpoints_taken += other.checkpoints_taken;
+        self.checkpoints_skipped += other.checkpoints_skipped;
+        self.checkpoint_hidden_s += other.checkpoint_hidden_s;
+        self.checkpoint_visible_s += other.checkpoint_visible_s;
+        self.bytes_written += other.bytes_written;
+        self.validity_errors.extend(other.validity_errors);
+        self.timeline.extend(other.timeline);
+    }
+
     /// Sets `increase_s` and `increase_pct` against a failure-free makespan, seconds.
     pub fn set_increase(&mut self, failure_free_makespan_s: f64) {
         self.increase_s = self.makespan_s - failure_free_makespan_s;

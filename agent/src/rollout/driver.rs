@@ -24,7 +24,7 @@ use super::trajectory::Trajectory;
 use super::translate::Translator;
 use crate::context::{ContextLog, Record};
 use crate::policy::{Policy, PolicyKind, StepInput};
-use crate::report::{EventKind, TimelineEvent, TrajectoryTimeline};
+use crate::report::{EventKind, PolicyResult, TimelineEvent, TrajectoryTimeline};
 
 /// Directories every trajectory starts with (the recordings run in `/app` and `/workspace`).
 const SETUP: &str = "mkdir -p /app /workspace /root";
@@ -54,32 +54,9 @@ pub struct TrajectoryRun {
     pub origin: Instant,
 }
 
-/// Counters of one trajectory.
-#[derive(Debug, Clone, Default)]
-pub struct TrajectoryStats {
-    /// Failures injected.
-    pub failures: u64,
-    /// Restores (from a checkpoint or from the base image).
-    pub restores: u64,
-    /// Steps executed again after a recovery.
-    pub regenerated_steps: u64,
-    /// Wall seconds of those steps.
-    pub regenerated_s: f64,
-    /// Checkpoints that became ready.
-    pub checkpoints_taken: u64,
-    /// Policy decisions not to checkpoint.
-    pub checkpoints_skipped: u64,
-    /// Checkpoint seconds hidden in LLM bubbles.
-    pub checkpoint_hidden_s: f64,
-    /// Checkpoint seconds on the critical path.
-    pub checkpoint_visible_s: f64,
-    /// Bytes of the checkpoints taken.
-    pub bytes_written: u64,
-    /// Validity-check failures after restores, and unexpected errors.
-    pub validity_errors: Vec<String>,
-    /// Timeline.
-    pub timeline: TrajectoryTimeline,
-}
+/// Counters of one trajectory: a [`PolicyResult`] whose timeline holds this trajectory only
+/// (makespan fields unused).
+pub type TrajectoryStats = PolicyResult;
 
 /// Errors that abort a trajectory.
 #[derive(Debug, thiserror::Error)]
@@ -161,12 +138,14 @@ impl Run<'_> {
     }
 
     fn event(&mut self, kind: EventKind, step: u64, start: f64, end: f64) {
-        self.stats.timeline.events.push(TimelineEvent {
-            kind,
-            step,
-            start_s: start,
-            end_s: end,
-        });
+        if let Some(t) = self.stats.timeline.first_mut() {
+            t.events.push(TimelineEvent {
+                kind,
+                step,
+                start_s: start,
+                end_s: end,
+            });
+        }
     }
 
     fn context(&self, k: u64) -> Vec<u8> {
@@ -464,11 +443,11 @@ pub fn run_trajectory(
         policy,
         log,
         stats: TrajectoryStats {
-            timeline: TrajectoryTimeline {
+            timeline: vec![TrajectoryTimeline {
                 trajectory: traj.name.clone(),
                 events: Vec::new(),
-            },
-            ..Default::default()
+            }],
+            ..PolicyResult::empty(traj.name.clone())
         },
         messages: Vec::new(),
         translators: vec![Translator::default()],

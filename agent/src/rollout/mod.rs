@@ -161,39 +161,14 @@ fn run_policy(
     });
     let makespan_s = origin.elapsed().as_secs_f64();
     let mut out = PolicyResult {
-        name: spec.name.clone(),
         makespan_s,
-        increase_s: 0.0,
-        increase_pct: 0.0,
-        failures: 0,
-        restores: 0,
-        regenerated_steps: 0,
-        regenerated_s: 0.0,
-        checkpoints_taken: 0,
-        checkpoints_skipped: 0,
-        checkpoint_hidden_s: 0.0,
-        checkpoint_visible_s: 0.0,
-        bytes_written: 0,
-        validity_errors: Vec::new(),
-        timeline: Vec::new(),
+        ..PolicyResult::empty(spec.name.clone())
     };
     let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
     results.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, r) in results {
         match r {
-            Ok(st) => {
-                out.failures += st.failures;
-                out.restores += st.restores;
-                out.regenerated_steps += st.regenerated_steps;
-                out.regenerated_s += st.regenerated_s;
-                out.checkpoints_taken += st.checkpoints_taken;
-                out.checkpoints_skipped += st.checkpoints_skipped;
-                out.checkpoint_hidden_s += st.checkpoint_hidden_s;
-                out.checkpoint_visible_s += st.checkpoint_visible_s;
-                out.bytes_written += st.bytes_written;
-                out.validity_errors.extend(st.validity_errors);
-                out.timeline.push(st.timeline);
-            }
+            Ok(st) => out.absorb(st),
             Err(e) => out
                 .validity_errors
                 .push(format!("{name}: trajectory aborted: {e}")),

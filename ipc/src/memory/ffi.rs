@@ -21,33 +21,18 @@
 //! CUDA device pointers (CUDA backend). A C header generated from this module is part of the
 //! `libbelayer` build.
 
-use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CStr, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ffi::{c_char, c_int, CString};
 
 use super::client::{MemClient, MemClientError};
 use super::layout::Layout;
 use super::mapping::{MapError, Mapping, Placeholder};
 use super::message::{AttachRequest, Backend, LeaseMode};
-
-/// Success.
-pub const BELAYER_OK: c_int = 0;
-/// A pointer argument is null, a string is not UTF-8, or a value is out of range.
-pub const BELAYER_E_INVALID_ARGUMENT: c_int = -1;
-/// The memory server could not be reached, or the connection failed mid-call.
-pub const BELAYER_E_CONNECT: c_int = -2;
-/// The memory server refused the request (lease conflict, layout mismatch, ...).
-pub const BELAYER_E_REFUSED: c_int = -3;
-/// Mapping, unmapping, remapping or copying failed.
-pub const BELAYER_E_MAP: c_int = -4;
-/// The owner-alive check failed: the server process, its connection or its socket is gone.
-pub const BELAYER_E_OWNER_GONE: c_int = -5;
-/// A CUDA driver call failed, or no driver is present.
-pub const BELAYER_E_CUDA: c_int = -6;
-/// The layout file could not be read or is invalid.
-pub const BELAYER_E_LAYOUT: c_int = -7;
-/// An internal panic was caught.
-pub const BELAYER_E_PANIC: c_int = -99;
+pub use crate::ffi::{
+    belayer_last_error, BELAYER_E_CONNECT, BELAYER_E_CUDA, BELAYER_E_INVALID_ARGUMENT,
+    BELAYER_E_LAYOUT, BELAYER_E_MAP, BELAYER_E_OWNER_GONE, BELAYER_E_PANIC, BELAYER_E_REFUSED,
+    BELAYER_OK,
+};
+use crate::ffi::{chain, guard, text, writable, Failure};
 
 /// Lease mode [`LeaseMode::Read`].
 pub const BELAYER_LEASE_READ: c_int = 0;
@@ -66,31 +51,6 @@ pub struct BelayerMemMapping(Mapping);
 #[derive(Debug)]
 pub struct BelayerPlaceholder(Placeholder);
 
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-}
-
-fn set_last_error(message: String) {
-    let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|last| *last.borrow_mut() = message);
-}
-
-/// A failure on its way to C: a status code and a message.
-struct Failure(c_int, String);
-
-impl Failure {
-    fn invalid(what: &str) -> Failure {
-        Failure(
-            BELAYER_E_INVALID_ARGUMENT,
-            format!("invalid argument: {what}"),
-        )
-    }
-}
-
-fn chain(err: &dyn std::error::Error) -> String {
-    crate::error_chain(err)
-}
-
 impl From<MemClientError> for Failure {
     fn from(err: MemClientError) -> Failure {
         let code = match &err {
@@ -98,13 +58,13 @@ impl From<MemClientError> for Failure {
             MemClientError::Map { source, .. } => map_code(source),
             _ => BELAYER_E_CONNECT,
         };
-        Failure(code, chain(&err))
+        Failure::new(code, chain(&err))
     }
 }
 
 impl From<MapError> for Failure {
     fn from(err: MapError) -> Failure {
-        Failure(map_code(&err), chain(&err))
+        Failure::new(map_code(&err), chain(&err))
     }
 }
 
@@ -123,47 +83,6 @@ fn map_code(err: &MapError) -> c_int {
         }
         _ => BELAYER_E_MAP,
     }
-}
-
-/// Runs `body`, turning a failure or a panic into a status code and the thread's last error.
-fn guard(body: impl FnOnce() -> Result<(), Failure>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => BELAYER_OK,
-        Ok(Err(Failure(code, message))) => {
-            set_last_error(message);
-            code
-        }
-        Err(_) => {
-            set_last_error("internal panic".to_owned());
-            BELAYER_E_PANIC
-        }
-    }
-}
-
-/// # Safety
-/// `ptr` is null or points at a NUL-terminated string valid for the call.
-unsafe fn text<'a>(ptr: *const c_char, what: &str) -> Result<&'a str, Failure> {
-    if ptr.is_null() {
-        return Err(Failure::invalid(what));
-    }
-    // SAFETY: non-null, and the caller guarantees a NUL-terminated string alive for the call.
-    unsafe { CStr::from_ptr(ptr) }
-        .to_str()
-        .map_err(|_| Failure::invalid(what))
-}
-
-/// # Safety
-/// `ptr` is null or a valid, exclusive pointer for the call.
-unsafe fn writable<'a, T>(ptr: *mut T, what: &str) -> Result<&'a mut T, Failure> {
-    // SAFETY: the caller guarantees a null or valid, exclusive pointer.
-    unsafe { ptr.as_mut() }.ok_or_else(|| Failure::invalid(what))
-}
-
-/// The last error message of this thread (empty when none), valid until the next failing
-/// call on this thread. Never null.
-#[no_mangle]
-pub extern "C" fn belayer_last_error() -> *const c_char {
-    LAST_ERROR.with(|last| last.borrow().as_ptr())
 }
 
 /// Connects to the memory server socket `socket_path`; stores the client in `*out`.
@@ -214,7 +133,7 @@ pub unsafe extern "C" fn belayer_mem_layout_hash(
             return Err(Failure::invalid("out_hash"));
         }
         let layout = Layout::load(std::path::Path::new(path))
-            .map_err(|err| Failure(BELAYER_E_LAYOUT, chain(&err)))?;
+            .map_err(|err| Failure::new(BELAYER_E_LAYOUT, chain(&err)))?;
         let hash = CString::new(layout.hash()).map_err(|_| Failure::invalid("hash"))?;
         let bytes = hash.as_bytes_with_nul();
         // SAFETY: `out_hash` points at 65 writable bytes (contract); the hash is 64 bytes plus
@@ -327,7 +246,7 @@ pub unsafe extern "C" fn belayer_mem_region(
             )
         };
         let view = mapping.0.region(name).ok_or_else(|| {
-            Failure(
+            Failure::new(
                 BELAYER_E_INVALID_ARGUMENT,
                 format!("no attached region named {name:?}"),
             )
@@ -443,7 +362,7 @@ pub unsafe extern "C" fn belayer_mem_owner_alive(client: *const BelayerMemClient
         client
             .0
             .owner_alive()
-            .map_err(|err| Failure(BELAYER_E_OWNER_GONE, chain(&err)))
+            .map_err(|err| Failure::new(BELAYER_E_OWNER_GONE, chain(&err)))
     })
 }
 
@@ -456,7 +375,7 @@ pub unsafe extern "C" fn belayer_mem_owner_alive(client: *const BelayerMemClient
 pub unsafe extern "C" fn belayer_gpu_health_check(device: c_int, micros: *mut u64) -> c_int {
     guard(|| {
         let took = super::cuda::health_check(device)
-            .map_err(|err| Failure(BELAYER_E_CUDA, chain(&err)))?;
+            .map_err(|err| Failure::new(BELAYER_E_CUDA, chain(&err)))?;
         // SAFETY: forwarded from this function's contract (null allowed).
         if let Some(micros) = unsafe { micros.as_mut() } {
             *micros = took.as_micros() as u64;
@@ -559,6 +478,7 @@ pub unsafe extern "C" fn belayer_placeholder_free(placeholder: *mut BelayerPlace
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::CStr;
     use std::ptr;
 
     use super::*;

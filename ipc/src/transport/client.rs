@@ -1,13 +1,14 @@
 //! The blocking client: one connection, one request at a time.
 
 use std::io::{self, Write};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{is_disconnect, NoSigPipe};
 use crate::frame::{encode_frame, read_frame, FrameError, DEFAULT_MAX_FRAME};
-use crate::message::{Envelope, Request, Response};
+use crate::message::{Envelope, ErrorCode, Event, Request, Response};
 
 /// Why a call could not be completed.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,27 @@ pub enum ClientError {
     /// An earlier call failed mid-exchange, so the stream may be out of step; reconnect.
     #[error("the connection is unusable after an earlier failed call")]
     Broken,
+    /// The server refused to open an event stream.
+    #[error("the server refused the event subscription ({code:?}): {message}")]
+    SubscribeRefused {
+        /// The server's error code.
+        code: ErrorCode,
+        /// The server's message.
+        message: String,
+    },
+    /// The server answered a subscription with something else than `Subscribed`.
+    #[error("unexpected answer to the event subscription: {answer}")]
+    SubscribeUnexpected {
+        /// The answer, debug-formatted.
+        answer: String,
+    },
+    /// Waiting for the next event failed.
+    #[error("poll on the event stream failed")]
+    PollEvents {
+        /// The errno.
+        #[source]
+        source: nix::errno::Errno,
+    },
 }
 
 /// A blocking connection to a Belayer server.
@@ -139,6 +161,26 @@ impl Client {
         result
     }
 
+    /// Turns this connection into an event stream ([`Request::Subscribe`]).
+    ///
+    /// Errors: those of [`call`](Client::call), [`ClientError::SubscribeRefused`] when the
+    /// server has no event stream or refuses it, [`ClientError::SubscribeUnexpected`].
+    pub fn subscribe(mut self) -> Result<Subscription, ClientError> {
+        match self.call(Request::Subscribe)? {
+            Response::Subscribed => Ok(Subscription {
+                stream: self.stream,
+                max_frame: self.max_frame,
+            }),
+            Response::Error(reply) => Err(ClientError::SubscribeRefused {
+                code: reply.code,
+                message: reply.message,
+            }),
+            other => Err(ClientError::SubscribeUnexpected {
+                answer: format!("{other:?}"),
+            }),
+        }
+    }
+
     fn exchange(&mut self, id: u64, request: Request) -> Result<Response, ClientError> {
         let frame = encode_frame(&Envelope { id, body: request }, self.max_frame)
             .map_err(|source| ClientError::Send { id, source })?;
@@ -180,6 +222,48 @@ impl Client {
             expected: id,
             got: envelope.id,
         })
+    }
+}
+
+/// An event stream from the server (see [`Client::subscribe`]). Dropping it closes the
+/// connection, which ends the stream on the server's side.
+#[derive(Debug)]
+pub struct Subscription {
+    stream: UnixStream,
+    max_frame: u32,
+}
+
+impl Subscription {
+    /// Waits up to `timeout` (`None`: forever) for the next event; `Ok(None)` when none came
+    /// in time. A frame that started arriving is read whole.
+    ///
+    /// Errors: [`ClientError::PollEvents`], [`ClientError::ClosedByServer`] (id 0) when the
+    /// server closed the stream, [`ClientError::Receive`] (id 0) for a bad frame.
+    pub fn next_event(&mut self, timeout: Option<Duration>) -> Result<Option<Event>, ClientError> {
+        let timeout = match timeout {
+            None => nix::poll::PollTimeout::NONE,
+            Some(t) => nix::poll::PollTimeout::try_from(t).unwrap_or(nix::poll::PollTimeout::MAX),
+        };
+        let mut fds = [nix::poll::PollFd::new(
+            self.stream.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        loop {
+            match nix::poll::poll(&mut fds, timeout) {
+                Ok(0) => return Ok(None),
+                Ok(_) => break,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(source) => return Err(ClientError::PollEvents { source }),
+            }
+        }
+        match read_frame::<Event, _>(&mut &self.stream, self.max_frame) {
+            Ok(envelope) => Ok(Some(envelope.body)),
+            Err(FrameError::Closed) => Err(ClientError::ClosedByServer { id: 0 }),
+            Err(FrameError::Read { source }) if is_disconnect(&source) => {
+                Err(ClientError::ClosedByServer { id: 0 })
+            }
+            Err(source) => Err(ClientError::Receive { id: 0, source }),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use std::os::unix::net::UnixStream;
 
 use nix::sys::socket::{send, MsgFlags};
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, Subscription};
 pub use creds::{peer_groups, proc_groups, AccessPolicy, CredsError, PeerCred};
 pub use fdpass::{recv_with_fds, send_with_fds, FdPassError, MAX_FDS_PER_MESSAGE};
 pub use server::{

@@ -13,6 +13,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -26,7 +27,7 @@ use super::creds::{AccessPolicy, PeerCred};
 use super::{is_disconnect, NoSigPipe};
 use crate::error_chain;
 use crate::frame::{encode_frame, read_frame, FrameError, DEFAULT_MAX_FRAME};
-use crate::message::{Envelope, ErrorCode, ErrorReply, Request, Response};
+use crate::message::{Envelope, ErrorCode, ErrorReply, Event, Request, Response};
 
 /// Default permission bits of the socket file: owner and group may connect.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
@@ -39,6 +40,15 @@ pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
 pub trait Handler: Send + Sync + 'static {
     /// Answers `request` from the (already admitted) peer `peer`.
     fn handle(&self, peer: &PeerCred, request: Request) -> Response;
+
+    /// Opens an event stream for [`Request::Subscribe`] from `peer`: every [`Event`] sent on
+    /// the returned channel is written to the connection until the peer closes it, the sender
+    /// side is dropped, or the server shuts down. `None` (the default) answers the request
+    /// with [`ErrorCode::Unsupported`].
+    fn subscribe(&self, peer: &PeerCred) -> Option<Receiver<Event>> {
+        let _ = peer;
+        None
+    }
 }
 
 /// Where and how the server listens.
@@ -611,6 +621,10 @@ fn serve_connection(shared: &Shared, conn: u64, stream: UnixStream) {
             }
         };
         let id = envelope.id;
+        if envelope.body == Request::Subscribe {
+            stream_events(shared, conn, &peer, &stream, id);
+            return;
+        }
         let handled = panic::catch_unwind(AssertUnwindSafe(|| {
             shared.handler.handle(&peer, envelope.body)
         }));
@@ -624,6 +638,70 @@ fn serve_connection(shared: &Shared, conn: u64, stream: UnixStream) {
         if !send_response(shared, conn, &stream, id, response) {
             return;
         }
+    }
+}
+
+/// How often an idle event stream checks whether its peer went away.
+const EVENT_IDLE_CHECK: Duration = Duration::from_millis(200);
+
+/// Serves [`Request::Subscribe`]: answers `Subscribed` (or `Unsupported`), then writes every
+/// event of the handler's channel until the peer leaves, sends anything, or the channel ends.
+fn stream_events(shared: &Shared, conn: u64, peer: &PeerCred, stream: &UnixStream, id: u64) {
+    let subscribed = panic::catch_unwind(AssertUnwindSafe(|| shared.handler.subscribe(peer)));
+    let Ok(Some(events)) = subscribed else {
+        send_error(
+            shared,
+            conn,
+            stream,
+            id,
+            ErrorCode::Unsupported,
+            "this server has no event stream".to_owned(),
+        );
+        return;
+    };
+    if !send_response(shared, conn, stream, id, Response::Subscribed) {
+        return;
+    }
+    debug!(conn, pid = peer.pid, "event stream opened");
+    loop {
+        match events.recv_timeout(EVENT_IDLE_CHECK) {
+            Ok(event) => {
+                let frame = match encode_frame(&Envelope { id: 0, body: event }, shared.max_frame) {
+                    Ok(frame) => frame,
+                    Err(err) => {
+                        warn!(conn, error = %error_chain(&err), "encoding an event failed; skipped");
+                        continue;
+                    }
+                };
+                if NoSigPipe(stream).write_all(&frame).is_err() {
+                    debug!(conn, "event subscriber left");
+                    return;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if peer_readable(stream) {
+                    debug!(
+                        conn,
+                        "event subscriber closed or sent data; closing the stream"
+                    );
+                    return;
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                debug!(conn, "event source ended; closing the stream");
+                return;
+            }
+        }
+    }
+}
+
+/// Whether the peer of an event stream closed its side (or sent anything, which a subscriber
+/// must not): the socket polls readable or hung up.
+fn peer_readable(stream: &UnixStream) -> bool {
+    let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) => n > 0,
+        Err(_) => true,
     }
 }
 
