@@ -36,6 +36,9 @@ pub struct Config {
     pub cgroup_parent: String,
     /// Honour test-fault hooks in checkpoint requests (tests only).
     pub test_hooks: bool,
+    /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
+    #[serde(rename = "memory_server")]
+    pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
 }
 
 impl Default for Config {
@@ -51,6 +54,7 @@ impl Default for Config {
             freeze_timeout_ms: 10_000,
             cgroup_parent: "belayer".to_string(),
             test_hooks: false,
+            memory_servers: Vec::new(),
         }
     }
 }
@@ -135,6 +139,14 @@ impl Config {
                 reason: "not a relative path",
             });
         }
+        for m in &self.memory_servers {
+            if m.validate().is_err() {
+                return Err(ConfigError::Invalid {
+                    field: "memory_server",
+                    reason: "role must be weights|kv, device host|cuda:N",
+                });
+            }
+        }
         if self.freeze_timeout_ms == 0 {
             return Err(ConfigError::Invalid {
                 field: "freeze_timeout_ms",
@@ -155,6 +167,12 @@ mod tests {
         assert_eq!(c.state_dir, PathBuf::from("/tmp/x"));
         assert!(c.test_hooks);
         assert!(toml::from_str::<Config>("bogus = 1\n").is_err());
+        let c: Config = toml::from_str(
+            "[[memory_server]]\nrole = \"kv\"\nlayout = \"/l.toml\"\nsocket = \"/run/kv.sock\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.memory_servers[0].device, "host");
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -1,2 +1,35 @@
-//! Placeholder; see crate docs once implemented.
+//! The sandbox tracer: kernel-level fail-stop detection, infrastructure-fault classification and
+//! per-sandbox activity counters (paper, Figure 1: an infrastructure failure must not reach the
+//! trajectory as an ordinary observation).
+//!
+//! BPF programs (`bpf/tracer.bpf.c`, built with clang by `build.rs`, CO-RE against a
+//! `vmlinux.h` generated from the kernel's BTF) run on tracepoints and only act for the cgroups
+//! the agent tracks (a hash map keyed by cgroup v2 id = inode number of the cgroup directory):
+//! - `sched_process_exit` (exit code and signal read from `task->exit_code`),
+//!   `signal_generate` (a fatal signal whose sender's cgroup is not the target's is an
+//!   external kill), `oom/mark_victim` (the victim is the argument: the hook runs in the killer's
+//!   context): typed events on a ring buffer, turned into [`Fault`]s;
+//! - `sched_process_fork/exit` and the file-modifying syscalls (`write`-family on named regular
+//!   files, creating/truncating opens, `unlink`, `rename`, `mkdir`, `chmod`, ...): counters in
+//!   the per-cgroup map, read synchronously with [`Tracer::counters`].
+//!
+//! When BPF cannot be loaded (no BTF, no CAP_BPF, old kernel) or is disabled, [`Tracer`] runs a
+//! fallback detector instead: a pidfd per sandbox init (with `waitid(WNOWAIT)` for its status),
+//! `cgroup.events` and the OOM-kill counter of the memory controller, polled. It logs one line
+//! saying why, and [`Tracer::kind`] reports it.
+//!
+//! Dependencies: `aya` loads the clang-built object, applies its CO-RE relocations, attaches the
+//! programs and reads the maps; it is pure Rust (no libbpf to link) and 0.14 is the newest
+//! release that builds on the project's Rust 1.95. `libc` for `poll`, `pidfd_open`, `waitid`
+//! and `mount`; `thiserror` and `tracing` as everywhere in the workspace.
 #![warn(missing_docs)]
+
+mod bpf;
+mod fallback;
+mod sys;
+mod tracer;
+
+pub use tracer::{
+    cgroup_id, Counters, Fault, Target, TraceEvent, Tracer, TracerBuilder, TracerError,
+    TracerKind,
+};

@@ -79,6 +79,16 @@ fn run(args: Args) -> Result<()> {
         server_config = server_config.group(gid).policy(AccessPolicy::group(gid));
     }
     let agent = Agent::start(config.clone()).context("starting belayerd")?;
+    // The servers run as `belayer memory-server`, the CLI installed next to belayerd.
+    let cli = belayer_agent::helper::self_exe()
+        .context("locating the agent binary")?
+        .with_file_name("belayer");
+    let _memory = belayer_agent::memory::supervise::Supervisor::start(
+        &cli,
+        &config.memory_servers,
+        std::time::Duration::from_millis(200),
+    )
+    .context("starting memory servers")?;
     let server = Server::bind(server_config).context("binding the socket")?;
     tracing::info!(socket = %config.socket.display(), state_dir = %config.state_dir.display(), "belayerd ready");
     let trigger = server.shutdown_trigger();

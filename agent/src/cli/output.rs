@@ -112,6 +112,9 @@ impl Printer {
                 Response::Error(e) => {
                     json!({ "error": format!("{:?}", e.code), "message": e.message })
                 }
+                Response::MaybeCheckpoint(m) => json!(m),
+                Response::Context(c) => json!(c),
+                Response::Subscribed => json!({ "subscribed": true }),
             };
             print_json(&v);
             return;
@@ -195,6 +198,24 @@ impl Printer {
                 let _ = self.restored(&r, None);
             }
             Response::Error(e) => eprintln!("error: {:?}: {}", e.code, e.message),
+            Response::MaybeCheckpoint(m) => println!(
+                "decision at k={}: {} ({})",
+                m.decision.step,
+                if m.checkpointed {
+                    "checkpointed"
+                } else {
+                    "skipped"
+                },
+                m.decision.reason
+            ),
+            Response::Context(c) => println!(
+                "context of {} at k={}: {} bytes, record {}",
+                c.trajectory,
+                c.prefix,
+                c.context.len(),
+                c.record
+            ),
+            Response::Subscribed => println!("subscribed"),
         }
     }
 }

@@ -25,5 +25,6 @@ pub mod cli;
 pub mod lease;
 pub mod process;
 pub mod server;
+pub mod supervise;
 
 pub use server::{MemoryServer, MemoryServerConfig, MemoryServerError};

@@ -135,6 +135,11 @@ impl ServerProcess {
         &self.socket
     }
 
+    /// The exit status if the server has exited (non-blocking; reaps it).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Time from spawn to the `ready` line (allocation included).
     pub fn startup(&self) -> Duration {
         self.startup

@@ -1,0 +1,309 @@
+//! The BPF side: loads `tracer.bpf.o` (built by `build.rs`), attaches its programs, owns the
+//! `sandboxes` counter map and drains the `events` ring buffer on a thread.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
+use aya::programs::{BtfTracePoint, TracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+
+use crate::sys;
+use crate::tracer::{Counters, Fault, Sink, TraceEvent, Targets, TracerError};
+
+/// The object built from `bpf/tracer.bpf.c`.
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tracer.bpf.o"));
+
+const EV_EXIT: u32 = 1;
+const EV_SIGNAL: u32 = 2;
+const EV_OOM: u32 = 3;
+
+/// A ring-buffer record; layout of `struct event` in bpf/tracer.bpf.c.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RawEvent {
+    kind: u32,
+    pid: u32,
+    tid: u32,
+    signal: i32,
+    exit_code: i32,
+    sender_pid: u32,
+    cgroup_id: u64,
+    sender_cgroup_id: u64,
+    ktime_ns: u64,
+}
+
+impl RawEvent {
+    fn parse(bytes: &[u8]) -> Option<RawEvent> {
+        if bytes.len() < std::mem::size_of::<RawEvent>() {
+            return None;
+        }
+        // SAFETY: the slice holds at least size_of::<RawEvent>() bytes, RawEvent is repr(C) made
+        // of integers (every bit pattern valid), and read_unaligned copes with any alignment.
+        Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RawEvent>()) })
+    }
+}
+
+/// BTF tracepoints (task pointers needed): program name, tracepoint.
+const BTF_PROGRAMS: &[(&str, &str)] = &[
+    ("on_fork", "sched_process_fork"),
+    ("on_exit", "sched_process_exit"),
+    ("on_signal", "signal_generate"),
+    ("on_oom_victim", "mark_victim"),
+];
+
+/// Syscall tracepoints: program name, tracepoint name, required. Optional ones may be missing
+/// on some architectures (legacy syscalls).
+const SYSCALL_PROGRAMS: &[(&str, &str, bool)] = &[
+    ("enter_write", "sys_enter_write", true),
+    ("enter_pwrite64", "sys_enter_pwrite64", false),
+    ("enter_writev", "sys_enter_writev", false),
+    ("enter_pwritev", "sys_enter_pwritev", false),
+    ("enter_pwritev2", "sys_enter_pwritev2", false),
+    ("enter_ftruncate", "sys_enter_ftruncate", false),
+    ("enter_fallocate", "sys_enter_fallocate", false),
+    ("enter_fchmod", "sys_enter_fchmod", false),
+    ("enter_fchown", "sys_enter_fchown", false),
+    ("enter_fsetxattr", "sys_enter_fsetxattr", false),
+    ("enter_fremovexattr", "sys_enter_fremovexattr", false),
+    ("enter_copy_file_range", "sys_enter_copy_file_range", false),
+    ("enter_splice", "sys_enter_splice", false),
+    ("enter_sendfile64", "sys_enter_sendfile64", false),
+    ("exit_unlink", "sys_exit_unlink", false),
+    ("exit_unlinkat", "sys_exit_unlinkat", true),
+    ("exit_rmdir", "sys_exit_rmdir", false),
+    ("exit_rename", "sys_exit_rename", false),
+    ("exit_renameat", "sys_exit_renameat", false),
+    ("exit_renameat2", "sys_exit_renameat2", false),
+    ("exit_mkdir", "sys_exit_mkdir", false),
+    ("exit_mkdirat", "sys_exit_mkdirat", true),
+    ("exit_mknod", "sys_exit_mknod", false),
+    ("exit_mknodat", "sys_exit_mknodat", false),
+    ("exit_symlink", "sys_exit_symlink", false),
+    ("exit_symlinkat", "sys_exit_symlinkat", false),
+    ("exit_link", "sys_exit_link", false),
+    ("exit_linkat", "sys_exit_linkat", false),
+    ("exit_chmod", "sys_exit_chmod", false),
+    ("exit_fchmodat", "sys_exit_fchmodat", false),
+    ("exit_fchmodat2", "sys_exit_fchmodat2", false),
+    ("exit_chown", "sys_exit_chown", false),
+    ("exit_lchown", "sys_exit_lchown", false),
+    ("exit_fchownat", "sys_exit_fchownat", false),
+    ("exit_truncate", "sys_exit_truncate", false),
+    ("exit_utimensat", "sys_exit_utimensat", false),
+    ("exit_utimes", "sys_exit_utimes", false),
+    ("exit_utime", "sys_exit_utime", false),
+    ("exit_futimesat", "sys_exit_futimesat", false),
+    ("exit_setxattr", "sys_exit_setxattr", false),
+    ("exit_lsetxattr", "sys_exit_lsetxattr", false),
+    ("exit_removexattr", "sys_exit_removexattr", false),
+    ("exit_lremovexattr", "sys_exit_lremovexattr", false),
+    ("enter_openat", "sys_enter_openat", true),
+    ("exit_openat", "sys_exit_openat", true),
+    ("enter_open", "sys_enter_open", false),
+    ("exit_open", "sys_exit_open", false),
+    ("enter_creat", "sys_enter_creat", false),
+    ("exit_creat", "sys_exit_creat", false),
+    ("enter_openat2", "sys_enter_openat2", false),
+    ("exit_openat2", "sys_exit_openat2", false),
+];
+
+/// The loaded programs and the counter map; a thread drains the ring buffer.
+pub(crate) struct BpfTracer {
+    /// Keeps the programs attached (dropping it detaches them).
+    _ebpf: Ebpf,
+    sandboxes: Mutex<BpfHashMap<MapData, u64, Counters>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl BpfTracer {
+    pub(crate) fn start(targets: Targets, sink: Sink) -> Result<BpfTracer, TracerError> {
+        let btf = Btf::from_sys_fs().map_err(TracerError::Btf)?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .load(OBJECT)
+            .map_err(TracerError::Load)?;
+        for (name, tp) in BTF_PROGRAMS {
+            let prog: &mut BtfTracePoint = program(&mut ebpf, name)?;
+            prog.load(tp, &btf)
+                .and_then(|()| prog.attach().map(drop))
+                .map_err(|source| TracerError::Program { name, source })?;
+        }
+        sys::ensure_tracefs().map_err(TracerError::Tracefs)?;
+        let mut missing = Vec::new();
+        for (name, tp, required) in SYSCALL_PROGRAMS {
+            let prog: &mut TracePoint = program(&mut ebpf, name)?;
+            let res = prog
+                .load()
+                .and_then(|()| prog.attach("syscalls", tp).map(drop));
+            match res {
+                Ok(()) => {}
+                Err(source) if *required => {
+                    return Err(TracerError::Program { name, source });
+                }
+                Err(_) => missing.push(*tp),
+            }
+        }
+        if !missing.is_empty() {
+            tracing::debug!(?missing, "optional syscall tracepoints not attached");
+        }
+        let sandboxes = ebpf
+            .take_map("sandboxes")
+            .ok_or_else(|| TracerError::Missing("map sandboxes".into()))?;
+        let sandboxes: BpfHashMap<MapData, u64, Counters> =
+            BpfHashMap::try_from(sandboxes).map_err(|source| TracerError::Map {
+                name: "sandboxes",
+                op: "open",
+                source,
+            })?;
+        let events = ebpf
+            .take_map("events")
+            .ok_or_else(|| TracerError::Missing("map events".into()))?;
+        let ring = RingBuf::try_from(events).map_err(|source| TracerError::Map {
+            name: "events",
+            op: "open",
+            source,
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("bpf-events".into())
+            .spawn(move || drain(ring, targets, sink, flag))
+            .map_err(TracerError::Thread)?;
+        Ok(BpfTracer {
+            _ebpf: ebpf,
+            sandboxes: Mutex::new(sandboxes),
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, BpfHashMap<MapData, u64, Counters>> {
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn track(&self, cgroup_id: u64) -> Result<(), TracerError> {
+        self.map()
+            .insert(cgroup_id, Counters::default(), 0)
+            .map_err(|source| TracerError::Map {
+                name: "sandboxes",
+                op: "insert",
+                source,
+            })
+    }
+
+    pub(crate) fn untrack(&self, cgroup_id: u64) {
+        let _ = self.map().remove(&cgroup_id);
+    }
+
+    pub(crate) fn counters(&self, cgroup_id: u64) -> Option<Counters> {
+        self.map().get(&cgroup_id, 0).ok()
+    }
+}
+
+impl Drop for BpfTracer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, TracerError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| TracerError::Missing(format!("program {name}")))?
+        .try_into()
+        .map_err(|_| TracerError::Missing(format!("program {name} of the expected type")))
+}
+
+/// Drains the ring buffer until `stop`, turning records into faults for `sink`.
+fn drain(mut ring: RingBuf<MapData>, targets: Targets, sink: Sink, stop: Arc<AtomicBool>) {
+    let fd = ring.as_raw_fd();
+    while !stop.load(Ordering::Relaxed) {
+        let mut pfd = [libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        if let Err(e) = sys::poll(&mut pfd, 100) {
+            tracing::error!(error = %e, "polling the BPF ring buffer failed; tracer stops");
+            return;
+        }
+        while let Some(item) = ring.next() {
+            let Some(ev) = RawEvent::parse(&item) else {
+                continue;
+            };
+            drop(item);
+            if let Some(fault) = classify(&ev, &targets) {
+                tracing::debug!(cgroup_id = ev.cgroup_id, %fault, "sandbox fault");
+                sink(TraceEvent {
+                    cgroup_id: ev.cgroup_id,
+                    fault,
+                    observed: Instant::now(),
+                });
+            }
+        }
+    }
+}
+
+/// The fault a record stands for: every external kill and OOM victim; an exit only when it is
+/// the sandbox init's.
+fn classify(ev: &RawEvent, targets: &Targets) -> Option<Fault> {
+    match ev.kind {
+        EV_SIGNAL => Some(Fault::ExternalKill {
+            pid: ev.pid as i32,
+            signal: ev.signal,
+            sender_pid: Some(ev.sender_pid as i32),
+        }),
+        EV_OOM => Some(Fault::Oom {
+            pid: Some(ev.pid as i32),
+        }),
+        EV_EXIT => {
+            let init = targets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&ev.cgroup_id)
+                .map(|t| t.init_pid)?;
+            (init == ev.pid as i32).then_some(Fault::InitExited {
+                pid: init,
+                exit_code: (ev.signal == 0).then_some(ev.exit_code),
+                signal: (ev.signal != 0).then_some(ev.signal),
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_events_parse() {
+        assert_eq!(std::mem::size_of::<RawEvent>(), 48);
+        let mut bytes = vec![0u8; 48];
+        bytes[0..4].copy_from_slice(&EV_SIGNAL.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&42u32.to_ne_bytes());
+        bytes[12..16].copy_from_slice(&9i32.to_ne_bytes());
+        bytes[20..24].copy_from_slice(&7u32.to_ne_bytes());
+        let ev = RawEvent::parse(&bytes).unwrap();
+        let targets: Targets = Arc::default();
+        assert_eq!(
+            classify(&ev, &targets),
+            Some(Fault::ExternalKill {
+                pid: 42,
+                signal: 9,
+                sender_pid: Some(7)
+            })
+        );
+        assert!(RawEvent::parse(&bytes[..10]).is_none());
+    }
+}

@@ -1,0 +1,441 @@
+//! The public face of the tracer: [`TracerBuilder`] → [`Tracer`] (BPF or fallback), the
+//! [`Target`]s it watches, the [`Fault`]s it reports and the [`Counters`] it keeps.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::bpf::BpfTracer;
+use crate::fallback::FallbackTracer;
+
+/// Errors of the tracer.
+#[derive(Debug, thiserror::Error)]
+pub enum TracerError {
+    /// Reading the kernel's BTF failed.
+    #[error("cannot read kernel BTF")]
+    Btf(#[source] aya::BtfError),
+    /// Loading the BPF object (maps, relocations) failed.
+    #[error("cannot load the BPF object")]
+    Load(#[source] aya::EbpfError),
+    /// The object lacks a program or map the loader expects.
+    #[error("BPF object has no {0}")]
+    Missing(String),
+    /// Loading or attaching one program failed.
+    #[error("cannot load or attach BPF program {name}")]
+    Program {
+        /// Program (C function) name.
+        name: &'static str,
+        /// Cause.
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    /// A map operation failed.
+    #[error("BPF map {name}: {op} failed")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// Operation.
+        op: &'static str,
+        /// Cause.
+        #[source]
+        source: aya::maps::MapError,
+    },
+    /// Mounting tracefs failed.
+    #[error("tracefs is not available")]
+    Tracefs(#[source] std::io::Error),
+    /// Starting the event thread failed.
+    #[error("cannot start the tracer thread")]
+    Thread(#[source] std::io::Error),
+    /// Opening a pidfd of a sandbox init failed.
+    #[error("pidfd_open({pid}) failed")]
+    Pidfd {
+        /// Host pid.
+        pid: i32,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Opening a cgroup file failed.
+    #[error("cannot open {path}")]
+    Open {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Which detector runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TracerKind {
+    /// The BPF programs are loaded: exact attribution, per-cgroup counters.
+    Bpf,
+    /// pidfd/waitid and cgroup polling: init death, OOM counter; no syscall counters.
+    Fallback,
+}
+
+impl fmt::Display for TracerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TracerKind::Bpf => "bpf",
+            TracerKind::Fallback => "fallback",
+        })
+    }
+}
+
+/// A sandbox to watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Cgroup v2 id of the sandbox cgroup (see [`cgroup_id`]).
+    pub cgroup_id: u64,
+    /// The sandbox's cgroup v2 directory (its `cgroup.events` is polled by the fallback).
+    pub cgroup_dir: PathBuf,
+    /// Host pid of the sandbox init.
+    pub init_pid: i32,
+    /// A file with an `oom_kill <n>` line counting OOM kills in the sandbox (v2
+    /// `memory.events`, v1 `memory.oom_control`); read by the fallback.
+    pub oom_events: Option<PathBuf>,
+}
+
+/// What went wrong in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The sandbox init exited.
+    InitExited {
+        /// Host pid of the init.
+        pid: i32,
+        /// Exit status when it exited normally (when known).
+        exit_code: Option<i32>,
+        /// Terminating signal (when known).
+        signal: Option<i32>,
+    },
+    /// A fatal signal sent from outside the sandbox's cgroup reached one of its processes.
+    ExternalKill {
+        /// Host pid of the target process.
+        pid: i32,
+        /// The signal.
+        signal: i32,
+        /// Host pid of the sender (BPF only).
+        sender_pid: Option<i32>,
+    },
+    /// The OOM killer chose a process of the sandbox.
+    Oom {
+        /// Host pid of the victim (BPF only).
+        pid: Option<i32>,
+    },
+    /// The sandbox cgroup has no process left (fallback only; BPF reports the init's exit).
+    CgroupEmpty,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::InitExited {
+                pid,
+                exit_code,
+                signal,
+            } => {
+                write!(f, "sandbox init {pid} exited")?;
+                if let Some(s) = signal {
+                    write!(f, " (signal {s})")?;
+                } else if let Some(c) = exit_code {
+                    write!(f, " (code {c})")?;
+                }
+                Ok(())
+            }
+            Fault::ExternalKill {
+                pid,
+                signal,
+                sender_pid,
+            } => {
+                write!(f, "process {pid} got signal {signal} from outside the sandbox")?;
+                if let Some(s) = sender_pid {
+                    write!(f, " (sender pid {s})")?;
+                }
+                Ok(())
+            }
+            Fault::Oom { pid: Some(p) } => write!(f, "process {p} was killed by the OOM killer"),
+            Fault::Oom { pid: None } => f.write_str("a process was killed by the OOM killer"),
+            Fault::CgroupEmpty => f.write_str("the sandbox cgroup has no process left"),
+        }
+    }
+}
+
+/// A fault seen in a tracked sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// Cgroup v2 id of the sandbox.
+    pub cgroup_id: u64,
+    /// What happened.
+    pub fault: Fault,
+    /// When the tracer's thread handled it.
+    pub observed: Instant,
+}
+
+/// Per-sandbox activity counters kept by the BPF programs since the cgroup was tracked.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// File-modifying syscalls: writes to named regular files, creating/truncating opens,
+    /// unlink, rename, mkdir, mknod, (sym)link, chmod, chown, truncate, utimes, xattrs.
+    pub fs_writes: u64,
+    /// Processes created (threads not counted).
+    pub forks: u64,
+    /// Processes exited.
+    pub exits: u64,
+    /// Fatal signals from outside the cgroup.
+    pub external_kills: u64,
+    /// OOM victims.
+    pub oom_kills: u64,
+    /// Target of the last external kill (host pid).
+    pub last_kill_pid: u32,
+    /// Signal of the last external kill.
+    pub last_kill_signal: u32,
+    /// Last OOM victim (host pid).
+    pub last_oom_pid: u32,
+    /// Padding (layout of the BPF side).
+    pub pad: u32,
+}
+
+// SAFETY: `Counters` is `repr(C)`, made only of integers (any bit pattern is valid) and has the
+// exact layout of `struct counters` in bpf/tracer.bpf.c (5 u64 then 4 u32, no implicit padding).
+unsafe impl aya::Pod for Counters {}
+
+/// The cgroup v2 id of the cgroup directory `dir`: its inode number.
+///
+/// Errors: the directory cannot be stat'ed.
+pub fn cgroup_id(dir: &Path) -> std::io::Result<u64> {
+    Ok(std::fs::metadata(dir)?.ino())
+}
+
+/// Callback receiving faults, called from the tracer's thread.
+pub(crate) type Sink = Arc<dyn Fn(TraceEvent) + Send + Sync>;
+
+/// Targets by cgroup id, shared with the tracer threads.
+pub(crate) type Targets = Arc<Mutex<HashMap<u64, Target>>>;
+
+/// Builds a [`Tracer`]: `Tracer::builder().force_fallback(no_bpf).on_event(f).start()`.
+pub struct TracerBuilder {
+    force_fallback: bool,
+    sink: Option<Sink>,
+}
+
+impl fmt::Debug for TracerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TracerBuilder")
+            .field("force_fallback", &self.force_fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TracerBuilder {
+    /// Skip BPF and run the fallback detector (`belayerd --no-bpf`).
+    pub fn force_fallback(mut self, yes: bool) -> Self {
+        self.force_fallback = yes;
+        self
+    }
+
+    /// The function that receives every fault (called from the tracer's own thread; keep it
+    /// short).
+    pub fn on_event(mut self, f: impl Fn(TraceEvent) + Send + Sync + 'static) -> Self {
+        self.sink = Some(Arc::new(f));
+        self
+    }
+
+    /// Loads and attaches the BPF programs, or starts the fallback when that fails (logging
+    /// one line with the reason) or was asked for. Fails only when neither can start (no
+    /// thread could be spawned).
+    pub fn start(self) -> Result<Tracer, TracerError> {
+        let sink = self.sink.unwrap_or_else(|| Arc::new(|_| {}));
+        let targets: Targets = Arc::default();
+        if !self.force_fallback {
+            match BpfTracer::start(targets.clone(), sink.clone()) {
+                Ok(bpf) => {
+                    tracing::info!("sandbox tracer: BPF programs attached");
+                    return Ok(Tracer {
+                        inner: Inner::Bpf(bpf),
+                        targets,
+                        reason: None,
+                    });
+                }
+                Err(e) => {
+                    let reason = chain(&e);
+                    tracing::warn!(
+                        reason = %reason,
+                        "sandbox tracer: BPF unavailable, using the pidfd/cgroup fallback \
+                         (slower detection, no dirtiness counters)"
+                    );
+                    let fb = FallbackTracer::start(targets.clone(), sink)?;
+                    return Ok(Tracer {
+                        inner: Inner::Fallback(fb),
+                        targets,
+                        reason: Some(reason),
+                    });
+                }
+            }
+        }
+        tracing::info!("sandbox tracer: BPF disabled, using the pidfd/cgroup fallback");
+        let fb = FallbackTracer::start(targets.clone(), sink)?;
+        Ok(Tracer {
+            inner: Inner::Fallback(fb),
+            targets,
+            reason: Some("disabled".into()),
+        })
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+enum Inner {
+    Bpf(BpfTracer),
+    Fallback(FallbackTracer),
+}
+
+/// The running tracer. Dropping it stops its thread and detaches the BPF programs.
+pub struct Tracer {
+    inner: Inner,
+    targets: Targets,
+    reason: Option<String>,
+}
+
+impl fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tracer")
+            .field("kind", &self.kind())
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tracer {
+    /// A builder with BPF enabled and no event callback.
+    pub fn builder() -> TracerBuilder {
+        TracerBuilder {
+            force_fallback: false,
+            sink: None,
+        }
+    }
+
+    /// BPF or fallback.
+    pub fn kind(&self) -> TracerKind {
+        match self.inner {
+            Inner::Bpf(_) => TracerKind::Bpf,
+            Inner::Fallback(_) => TracerKind::Fallback,
+        }
+    }
+
+    /// Why the fallback runs (`None` with BPF).
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    /// Starts watching a sandbox (replacing an earlier target with the same cgroup id and
+    /// resetting its counters).
+    ///
+    /// Errors: the BPF map update or (fallback) the pidfd/`cgroup.events` open failed.
+    pub fn track(&self, target: Target) -> Result<(), TracerError> {
+        match &self.inner {
+            Inner::Bpf(b) => b.track(target.cgroup_id)?,
+            Inner::Fallback(f) => f.track(&target)?,
+        }
+        tracing::debug!(cgroup_id = target.cgroup_id, init_pid = target.init_pid, "tracking sandbox");
+        self.targets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(target.cgroup_id, target);
+        Ok(())
+    }
+
+    /// Stops watching a cgroup (before the agent kills or removes it itself).
+    pub fn untrack(&self, cgroup_id: u64) {
+        self.targets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&cgroup_id);
+        match &self.inner {
+            Inner::Bpf(b) => b.untrack(cgroup_id),
+            Inner::Fallback(f) => f.untrack(cgroup_id),
+        }
+    }
+
+    /// The BPF counters of a tracked cgroup; `None` with the fallback or when not tracked.
+    pub fn counters(&self, cgroup_id: u64) -> Option<Counters> {
+        match &self.inner {
+            Inner::Bpf(b) => b.counters(cgroup_id),
+            Inner::Fallback(_) => None,
+        }
+    }
+
+    /// OOM kills in a tracked sandbox: the BPF counter, or (fallback) the memory controller's
+    /// `oom_kill` counter. `None` when unknown.
+    pub fn oom_kills(&self, cgroup_id: u64) -> Option<u64> {
+        match &self.inner {
+            Inner::Bpf(b) => b.counters(cgroup_id).map(|c| c.oom_kills),
+            Inner::Fallback(_) => {
+                let path = self
+                    .targets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&cgroup_id)?
+                    .oom_events
+                    .clone()?;
+                read_oom_kills(&path)
+            }
+        }
+    }
+}
+
+/// The `oom_kill <n>` value of a `memory.events` / `memory.oom_control` file.
+pub(crate) fn read_oom_kills(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_match_the_bpf_layout() {
+        assert_eq!(std::mem::size_of::<Counters>(), 5 * 8 + 4 * 4);
+    }
+
+    #[test]
+    fn oom_counter_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("memory.oom_control");
+        std::fs::write(&p, "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").unwrap();
+        assert_eq!(read_oom_kills(&p), Some(3));
+        std::fs::write(&p, "low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n").unwrap();
+        assert_eq!(read_oom_kills(&p), Some(1));
+    }
+
+    #[test]
+    fn faults_read_well() {
+        let f = Fault::ExternalKill {
+            pid: 10,
+            signal: 9,
+            sender_pid: Some(3),
+        };
+        assert_eq!(
+            f.to_string(),
+            "process 10 got signal 9 from outside the sandbox (sender pid 3)"
+        );
+        assert_eq!(TracerKind::Fallback.to_string(), "fallback");
+    }
+}
