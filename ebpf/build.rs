@@ -15,7 +15,12 @@ fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let src = Path::new("bpf/tracer.bpf.c");
     println!("cargo:rerun-if-changed={}", src.display());
-    for var in ["BELAYER_CLANG", "BELAYER_BPFTOOL", "BELAYER_BTF", "BELAYER_VMLINUX_H"] {
+    for var in [
+        "BELAYER_CLANG",
+        "BELAYER_BPFTOOL",
+        "BELAYER_BTF",
+        "BELAYER_VMLINUX_H",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     let include = out.join("include");
@@ -45,7 +50,14 @@ fn main() {
     };
     let object = out.join("tracer.bpf.o");
     let status = Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Wno-unused-function"])
+        .args([
+            "-O2",
+            "-g",
+            "-target",
+            "bpf",
+            "-Wall",
+            "-Wno-unused-function",
+        ])
         .arg(format!("-D__TARGET_ARCH_{arch}"))
         .arg("-I")
         .arg(&include)
@@ -62,7 +74,10 @@ fn main() {
             ))
         });
     if !status.success() {
-        fail(&format!("`{clang}` failed to compile {} ({status})", src.display()));
+        fail(&format!(
+            "`{clang}` failed to compile {} ({status})",
+            src.display()
+        ));
     }
 }
 

@@ -105,6 +105,15 @@ install_rust() {
   log "rust: $toolchain with clippy, rustfmt"
 }
 
+# pytest for the Python package's tests (python/tests), installed with pip when missing.
+install_python_test_deps() {
+  if ! python3 -m pytest --version >/dev/null 2>&1; then
+    log "installing pytest"
+    python3 -m pip install --quiet pytest >&2
+  fi
+  log "python: $(python3 --version 2>&1), $(python3 -m pytest --version 2>&1 | head -1)"
+}
+
 # Prints the first Debian mirror that the machine's apt configuration uses for $PYTHON_SUITE
 # (deb822 *.sources first, then one-line sources.list entries).
 debian_mirror() {
@@ -391,6 +400,7 @@ main() {
     install_packages
     install_criu
     install_rust
+    install_python_test_deps
     check_kernel
     build_busybox_image
     build_python_image

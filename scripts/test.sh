@@ -27,7 +27,21 @@ step() {
   printf '[test] ok in %d s: %s\n' "$((SECONDS - start))" "$*" >&2
 }
 
+# Installs the Python package (pure ctypes) from python/ and runs its pytest suite against a
+# daemon started from the built belayerd; the package finds the built libbelayer.so through
+# CARGO_TARGET_DIR. pytest's exit 5 (no tests collected) fails the run like any other failure.
+python_tests() {
+  local pip_args=(--quiet --force-reinstall --no-deps)
+  python3 -c 'import setuptools, wheel' 2>/dev/null && pip_args+=(--no-build-isolation)
+  python3 -m pip install "${pip_args[@]}" ./python
+  (cd python/tests && python3 -m pytest -q -p no:cacheprovider .)
+}
+
 step cargo fmt --all -- --check
 step cargo clippy --workspace --all-targets -- -D warnings
 step cargo build --workspace --bins
+# libbelayer.so/.a (the C ABI); its tests also regenerate include/belayer.h with cbindgen and fail
+# when the checked-in header differs (tests/header.rs).
+step cargo build -p belayer-capi
 step cargo test --workspace "$@"
+step python_tests

@@ -36,6 +36,8 @@ pub struct Config {
     pub cgroup_parent: String,
     /// Honour test-fault hooks in checkpoint requests (tests only).
     pub test_hooks: bool,
+    /// Do not load the BPF sandbox tracer; use the pidfd/cgroup fallback (`--no-bpf`).
+    pub no_bpf: bool,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
     #[serde(rename = "memory_server")]
     pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
@@ -54,6 +56,7 @@ impl Default for Config {
             freeze_timeout_ms: 10_000,
             cgroup_parent: "belayer".to_string(),
             test_hooks: false,
+            no_bpf: false,
             memory_servers: Vec::new(),
         }
     }

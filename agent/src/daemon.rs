@@ -54,6 +54,9 @@ pub enum StartError {
     /// A syscall failed.
     #[error(transparent)]
     Sys(#[from] sys::SyscallError),
+    /// Not even the fallback sandbox tracer could start.
+    #[error("cannot start the sandbox tracer")]
+    Tracer(#[source] belayer_ebpf::TracerError),
 }
 
 /// Backing tmpfs of CRIU's kernel-feature cache.
@@ -123,6 +126,8 @@ impl Agent {
             source,
         })?;
         let contexts = ContextLogs::new(&config.state_dir);
+        let tracer =
+            crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
         let agent = Arc::new(Agent {
             events: EventBus::default(),
             policies: Policies::default(),
@@ -133,8 +138,15 @@ impl Agent {
                 images,
                 criu,
                 helper_exe,
+                tracer,
             },
             sandboxes: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&agent);
+        agent.rt.tracer.set_handler(move |id, fault| {
+            if let Some(agent) = weak.upgrade() {
+                agent.on_fault(id, fault);
+            }
         });
         agent.adopt();
         let weak = Arc::downgrade(&agent);
@@ -175,6 +187,41 @@ impl Agent {
     /// A new event subscription: every event published from now on.
     pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
         self.events.subscribe()
+    }
+
+    /// Removes a sandbox, untraced first: the removal's kills are the agent's own, not faults.
+    fn remove_sandbox(&self, slot: &SandboxSlot) -> Result<(), sandbox::remove::RemoveError> {
+        let id = slot.record().id.clone();
+        self.rt.tracer.untrack(&id);
+        sandbox::remove::remove(slot)
+    }
+
+    /// A fault the sandbox tracer saw (init exited, process killed from outside or by the OOM
+    /// killer): marks a running sandbox failed at once and announces it (once per instance).
+    fn on_fault(&self, id: &str, fault: &belayer_ebpf::Fault) {
+        let Some(slot) = self.slot(id) else { return };
+        let instance = {
+            let mut rec = slot.record();
+            if rec.state != SandboxState::Running {
+                return;
+            }
+            rec.state = SandboxState::Failed;
+            if let Err(e) = rec.save(&slot.paths) {
+                tracing::error!(sandbox = %id, error = %e, "cannot persist sandbox state");
+            }
+            rec.instance
+        };
+        let fresh = self
+            .failed_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((id.to_string(), instance));
+        if fresh {
+            self.publish(Event::SandboxFailed {
+                id: id.to_string(),
+                reason: fault.to_string(),
+            });
+        }
     }
 
     /// Announces sandboxes whose init died (once per instance) and forgets the policies of
@@ -309,6 +356,9 @@ impl Agent {
                 tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
             }
             tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
+            if rec.state == SandboxState::Running {
+                self.rt.tracer.track(&rec);
+            }
             self.registry()
                 .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
         }
@@ -371,6 +421,7 @@ impl Agent {
                 .map(|l| l.describe())
                 .unwrap_or_default(),
             sandboxes: self.registry().len() as u64,
+            tracer: self.rt.tracer.describe(),
         })
     }
 
@@ -427,7 +478,7 @@ impl Agent {
                 None => unknown(&id),
             },
             Request::RemoveSandbox { id } => match self.slot(&id) {
-                Some(slot) => match sandbox::remove::remove(&slot) {
+                Some(slot) => match self.remove_sandbox(&slot) {
                     Ok(()) => {
                         self.registry().remove(&id);
                         Response::Done

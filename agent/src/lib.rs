@@ -19,10 +19,12 @@
 //! - [`helper`]: single-threaded helper processes that create and enter namespaces;
 //! - [`memory`]: memory servers owning model weights and the KV-cache arena, handing region
 //!   descriptors to workers ("State isolation");
+//! - [`trace`]: the sandbox tracer (crate `belayer-ebpf`): instant fail-stop detection,
+//!   infrastructure-fault classification and per-action dirtiness;
 //! - [`config`], [`runtime`], [`sys`].
 //!
 //! Dependencies and why: `belayer-ipc` (protocol), `belayer-overlay` (upper-layer capture and
-//! install), `belayer-criu` (CRIU dump/restore), `nix`/`rustix`/`libc` (namespaces, mounts,
+//! install), `belayer-criu` (CRIU dump/restore), `belayer-ebpf` (the sandbox tracer), `nix`/`rustix`/`libc` (namespaces, mounts,
 //! pidfds), `serde`/`serde_json`/`toml` (state files, manifests, config, CLI JSON), `blake3`
 //! (artifact digests), `tar`/`flate2`/`zstd` (image import), `clap` (CLI), `thiserror`
 //! (typed errors), `tracing`/`tracing-subscriber` (logs), `anyhow` (binaries only).
@@ -43,3 +45,4 @@ pub mod runtime;
 pub mod sandbox;
 pub mod store;
 pub mod sys;
+pub mod trace;

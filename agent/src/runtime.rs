@@ -18,6 +18,8 @@ pub struct Runtime {
     pub criu: Criu,
     /// Binary re-executed for helper processes (see [`crate::helper`]).
     pub helper_exe: PathBuf,
+    /// The sandbox tracer (BPF or fallback): fault detection and per-action verdicts.
+    pub tracer: crate::trace::SandboxTracer,
 }
 
 impl Runtime {

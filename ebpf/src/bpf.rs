@@ -8,11 +8,11 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
-use aya::programs::{BtfTracePoint, TracePoint};
+use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::sys;
-use crate::tracer::{Counters, Fault, Sink, TraceEvent, Targets, TracerError};
+use crate::tracer::{Counters, Fault, Sink, Targets, TraceEvent, TracerError};
 
 /// The object built from `bpf/tracer.bpf.c`.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tracer.bpf.o"));
@@ -55,61 +55,12 @@ const BTF_PROGRAMS: &[(&str, &str)] = &[
     ("on_oom_victim", "mark_victim"),
 ];
 
-/// Syscall tracepoints: program name, tracepoint name, required. Optional ones may be missing
-/// on some architectures (legacy syscalls).
-const SYSCALL_PROGRAMS: &[(&str, &str, bool)] = &[
-    ("enter_write", "sys_enter_write", true),
-    ("enter_pwrite64", "sys_enter_pwrite64", false),
-    ("enter_writev", "sys_enter_writev", false),
-    ("enter_pwritev", "sys_enter_pwritev", false),
-    ("enter_pwritev2", "sys_enter_pwritev2", false),
-    ("enter_ftruncate", "sys_enter_ftruncate", false),
-    ("enter_fallocate", "sys_enter_fallocate", false),
-    ("enter_fchmod", "sys_enter_fchmod", false),
-    ("enter_fchown", "sys_enter_fchown", false),
-    ("enter_fsetxattr", "sys_enter_fsetxattr", false),
-    ("enter_fremovexattr", "sys_enter_fremovexattr", false),
-    ("enter_copy_file_range", "sys_enter_copy_file_range", false),
-    ("enter_splice", "sys_enter_splice", false),
-    ("enter_sendfile64", "sys_enter_sendfile64", false),
-    ("exit_unlink", "sys_exit_unlink", false),
-    ("exit_unlinkat", "sys_exit_unlinkat", true),
-    ("exit_rmdir", "sys_exit_rmdir", false),
-    ("exit_rename", "sys_exit_rename", false),
-    ("exit_renameat", "sys_exit_renameat", false),
-    ("exit_renameat2", "sys_exit_renameat2", false),
-    ("exit_mkdir", "sys_exit_mkdir", false),
-    ("exit_mkdirat", "sys_exit_mkdirat", true),
-    ("exit_mknod", "sys_exit_mknod", false),
-    ("exit_mknodat", "sys_exit_mknodat", false),
-    ("exit_symlink", "sys_exit_symlink", false),
-    ("exit_symlinkat", "sys_exit_symlinkat", false),
-    ("exit_link", "sys_exit_link", false),
-    ("exit_linkat", "sys_exit_linkat", false),
-    ("exit_chmod", "sys_exit_chmod", false),
-    ("exit_fchmodat", "sys_exit_fchmodat", false),
-    ("exit_fchmodat2", "sys_exit_fchmodat2", false),
-    ("exit_chown", "sys_exit_chown", false),
-    ("exit_lchown", "sys_exit_lchown", false),
-    ("exit_fchownat", "sys_exit_fchownat", false),
-    ("exit_truncate", "sys_exit_truncate", false),
-    ("exit_utimensat", "sys_exit_utimensat", false),
-    ("exit_utimes", "sys_exit_utimes", false),
-    ("exit_utime", "sys_exit_utime", false),
-    ("exit_futimesat", "sys_exit_futimesat", false),
-    ("exit_setxattr", "sys_exit_setxattr", false),
-    ("exit_lsetxattr", "sys_exit_lsetxattr", false),
-    ("exit_removexattr", "sys_exit_removexattr", false),
-    ("exit_lremovexattr", "sys_exit_lremovexattr", false),
-    ("enter_openat", "sys_enter_openat", true),
-    ("exit_openat", "sys_exit_openat", true),
-    ("enter_open", "sys_enter_open", false),
-    ("exit_open", "sys_exit_open", false),
-    ("enter_creat", "sys_enter_creat", false),
-    ("exit_creat", "sys_exit_creat", false),
-    ("enter_openat2", "sys_enter_openat2", false),
-    ("exit_openat2", "sys_exit_openat2", false),
-];
+/// Raw syscall tracepoints counting file activity (x86_64 syscall numbers in the object).
+#[cfg(target_arch = "x86_64")]
+const FILE_PROGRAMS: &[(&str, &str)] = &[("on_sys_enter", "sys_enter"), ("on_sys_exit", "sys_exit")];
+/// No syscall table for this architecture in the object: no file counters.
+#[cfg(not(target_arch = "x86_64"))]
+const FILE_PROGRAMS: &[(&str, &str)] = &[];
 
 /// The loaded programs and the counter map; a thread drains the ring buffer.
 pub(crate) struct BpfTracer {
@@ -133,29 +84,17 @@ impl BpfTracer {
                 .and_then(|()| prog.attach().map(drop))
                 .map_err(|source| TracerError::Program { name, source })?;
         }
-        sys::ensure_tracefs().map_err(TracerError::Tracefs)?;
-        let mut missing = Vec::new();
-        for (name, tp, required) in SYSCALL_PROGRAMS {
-            let prog: &mut TracePoint = program(&mut ebpf, name)?;
-            let res = prog
-                .load()
-                .and_then(|()| prog.attach("syscalls", tp).map(drop));
-            match res {
-                Ok(()) => {}
-                Err(source) if *required => {
-                    return Err(TracerError::Program { name, source });
-                }
-                Err(_) => missing.push(*tp),
-            }
-        }
-        if !missing.is_empty() {
-            tracing::debug!(?missing, "optional syscall tracepoints not attached");
+        for (name, tp) in FILE_PROGRAMS {
+            let prog: &mut BtfTracePoint = program(&mut ebpf, name)?;
+            prog.load(tp, &btf)
+                .and_then(|()| prog.attach().map(drop))
+                .map_err(|source| TracerError::Program { name, source })?;
         }
         let sandboxes = ebpf
             .take_map("sandboxes")
             .ok_or_else(|| TracerError::Missing("map sandboxes".into()))?;
-        let sandboxes: BpfHashMap<MapData, u64, Counters> =
-            BpfHashMap::try_from(sandboxes).map_err(|source| TracerError::Map {
+        let sandboxes: BpfHashMap<MapData, u64, Counters> = BpfHashMap::try_from(sandboxes)
+            .map_err(|source| TracerError::Map {
                 name: "sandboxes",
                 op: "open",
                 source,

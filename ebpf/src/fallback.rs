@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::sys;
-use crate::tracer::{read_oom_kills, Fault, Sink, Target, TraceEvent, Targets, TracerError};
+use crate::tracer::{read_oom_kills, Fault, Sink, Target, Targets, TraceEvent, TracerError};
 
 /// Poll period: the longest a fault waits to be noticed (init death wakes the poll at once).
 const PERIOD_MS: i32 = 20;
@@ -101,6 +101,15 @@ fn populated(f: &File) -> Option<bool> {
         .map(|v| v.trim() != "0")
 }
 
+fn pidfd_exited(pidfd: &OwnedFd) -> bool {
+    let mut p = [libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    sys::poll(&mut p, 0).is_ok_and(|n| n > 0 && p[0].revents & libc::POLLIN != 0)
+}
+
 fn run(
     watches: Arc<Mutex<HashMap<u64, Watch>>>,
     targets: Targets,
@@ -114,7 +123,7 @@ fn run(
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(_, w)| !w.done)
-            .filter_map(|(id, w)| match w.pidfd.as_fd().try_clone_to_owned() { Ok(f) => Some((*id, f)), Err(e) => { eprintln!("DBG clone {e}"); None } })
+            .filter_map(|(id, w)| w.pidfd.as_fd().try_clone_to_owned().ok().map(|f| (*id, f)))
             .collect();
         let mut pfds: Vec<libc::pollfd> = fds
             .iter()
@@ -130,7 +139,6 @@ fn run(
             tracing::error!(error = %e, "polling sandbox pidfds failed; watcher stops");
             return;
         }
-        eprintln!("DBG fds={} revents={:?}", fds.len(), pfds.iter().map(|p| p.revents).collect::<Vec<_>>());
         let mut faults = Vec::new();
         {
             let mut map = watches.lock().unwrap_or_else(|p| p.into_inner());
@@ -138,10 +146,9 @@ fn run(
                 if w.done {
                     continue;
                 }
-                let exited = pfds
-                    .iter()
-                    .zip(&fds)
-                    .any(|(p, (fid, _))| fid == id && p.revents & libc::POLLIN != 0);
+                // Asked again for every watch: one tracked after the poll started may have
+                // exited already.
+                let exited = pidfd_exited(&w.pidfd);
                 if let (Some(path), Some(seen)) = (
                     targets
                         .lock()
@@ -176,7 +183,6 @@ fn run(
             }
         }
         for (cgroup_id, fault) in faults {
-            eprintln!("DBG fault {fault}");
             tracing::debug!(cgroup_id, %fault, "sandbox fault (fallback)");
             sink(TraceEvent {
                 cgroup_id,

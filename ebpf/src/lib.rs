@@ -9,9 +9,13 @@
 //!   `signal_generate` (a fatal signal whose sender's cgroup is not the target's is an
 //!   external kill), `oom/mark_victim` (the victim is the argument: the hook runs in the killer's
 //!   context): typed events on a ring buffer, turned into [`Fault`]s;
-//! - `sched_process_fork/exit` and the file-modifying syscalls (`write`-family on named regular
-//!   files, creating/truncating opens, `unlink`, `rename`, `mkdir`, `chmod`, ...): counters in
-//!   the per-cgroup map, read synchronously with [`Tracer::counters`].
+//! - `sched_process_fork/exit`, and file activity through the raw `sys_enter`/`sys_exit`
+//!   tracepoints (writes to named regular files, creating or truncating opens, unlink,
+//!   rename, mkdir, mknod, links, chmod/chown/utimes/truncate, xattrs; x86_64 syscall numbers,
+//!   see [`Tracer::counts_files`]): counters in the per-cgroup map, read synchronously with
+//!   [`Tracer::counters`]. The per-syscall perf tracepoints were measured first and dropped
+//!   (an untar in a sandbox took twice as long); fentry and LSM programs, which would hook the
+//!   VFS directly, are refused by the kernels here (EPERM at load).
 //!
 //! When BPF cannot be loaded (no BTF, no CAP_BPF, old kernel) or is disabled, [`Tracer`] runs a
 //! fallback detector instead: a pidfd per sandbox init (with `waitid(WNOWAIT)` for its status),
@@ -20,8 +24,8 @@
 //!
 //! Dependencies: `aya` loads the clang-built object, applies its CO-RE relocations, attaches the
 //! programs and reads the maps; it is pure Rust (no libbpf to link) and 0.14 is the newest
-//! release that builds on the project's Rust 1.95. `libc` for `poll`, `pidfd_open`, `waitid`
-//! and `mount`; `thiserror` and `tracing` as everywhere in the workspace.
+//! release that builds on the project's Rust 1.95. `libc` for `poll`, `pidfd_open` and
+//! `waitid`; `thiserror` and `tracing` as everywhere in the workspace.
 #![warn(missing_docs)]
 
 mod bpf;
@@ -30,6 +34,5 @@ mod sys;
 mod tracer;
 
 pub use tracer::{
-    cgroup_id, Counters, Fault, Target, TraceEvent, Tracer, TracerBuilder, TracerError,
-    TracerKind,
+    cgroup_id, Counters, Fault, Target, TraceEvent, Tracer, TracerBuilder, TracerError, TracerKind,
 };

@@ -54,31 +54,3 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usiz
     }
     Ok(r as usize)
 }
-
-/// Mounts tracefs at `/sys/kernel/tracing` when no tracefs is reachable (the syscall
-/// tracepoints are found through it).
-pub(crate) fn ensure_tracefs() -> io::Result<()> {
-    for dir in ["/sys/kernel/tracing/events", "/sys/kernel/debug/tracing/events"] {
-        if std::path::Path::new(dir).is_dir() {
-            return Ok(());
-        }
-    }
-    // SAFETY: all pointers are NUL-terminated literals that outlive the call.
-    let r = unsafe {
-        libc::mount(
-            c"tracefs".as_ptr(),
-            c"/sys/kernel/tracing".as_ptr(),
-            c"tracefs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            std::ptr::null(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::other(format!(
-            "mount tracefs on /sys/kernel/tracing: {}",
-            io::Error::last_os_error()
-        )));
-    }
-    tracing::info!("mounted tracefs on /sys/kernel/tracing");
-    Ok(())
-}

@@ -43,9 +43,6 @@ pub enum TracerError {
         #[source]
         source: aya::maps::MapError,
     },
-    /// Mounting tracefs failed.
-    #[error("tracefs is not available")]
-    Tracefs(#[source] std::io::Error),
     /// Starting the event thread failed.
     #[error("cannot start the tracer thread")]
     Thread(#[source] std::io::Error),
@@ -74,7 +71,7 @@ pub enum TracerError {
 pub enum TracerKind {
     /// The BPF programs are loaded: exact attribution, per-cgroup counters.
     Bpf,
-    /// pidfd/waitid and cgroup polling: init death, OOM counter; no syscall counters.
+    /// pidfd/waitid and cgroup polling: init death, OOM counter; no activity counters.
     Fallback,
 }
 
@@ -152,7 +149,10 @@ impl fmt::Display for Fault {
                 signal,
                 sender_pid,
             } => {
-                write!(f, "process {pid} got signal {signal} from outside the sandbox")?;
+                write!(
+                    f,
+                    "process {pid} got signal {signal} from outside the sandbox"
+                )?;
                 if let Some(s) = sender_pid {
                     write!(f, " (sender pid {s})")?;
                 }
@@ -180,8 +180,9 @@ pub struct TraceEvent {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// File-modifying syscalls: writes to named regular files, creating/truncating opens,
-    /// unlink, rename, mkdir, mknod, (sym)link, chmod, chown, truncate, utimes, xattrs.
+    /// File modifications: writes to named regular files (not pipes, sockets, devices, memfds,
+    /// pseudo files), creates, unlinks, renames, mkdir/rmdir, mknod, links, attribute changes
+    /// (chmod, chown, utimes, truncate), xattr changes.
     pub fs_writes: u64,
     /// Processes created (threads not counted).
     pub forks: u64,
@@ -257,7 +258,7 @@ impl TracerBuilder {
                 Ok(bpf) => {
                     tracing::info!("sandbox tracer: BPF programs attached");
                     return Ok(Tracer {
-                        inner: Inner::Bpf(bpf),
+                        inner: Inner::Bpf(Box::new(bpf)),
                         targets,
                         reason: None,
                     });
@@ -300,7 +301,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 enum Inner {
-    Bpf(BpfTracer),
+    Bpf(Box<BpfTracer>),
     Fallback(FallbackTracer),
 }
 
@@ -337,6 +338,12 @@ impl Tracer {
         }
     }
 
+    /// Whether [`Counters::fs_writes`] is maintained: BPF on x86_64 (the object's syscall
+    /// table); elsewhere file activity must be judged another way.
+    pub fn counts_files(&self) -> bool {
+        self.kind() == TracerKind::Bpf && cfg!(target_arch = "x86_64")
+    }
+
     /// Why the fallback runs (`None` with BPF).
     pub fn fallback_reason(&self) -> Option<&str> {
         self.reason.as_deref()
@@ -351,7 +358,11 @@ impl Tracer {
             Inner::Bpf(b) => b.track(target.cgroup_id)?,
             Inner::Fallback(f) => f.track(&target)?,
         }
-        tracing::debug!(cgroup_id = target.cgroup_id, init_pid = target.init_pid, "tracking sandbox");
+        tracing::debug!(
+            cgroup_id = target.cgroup_id,
+            init_pid = target.init_pid,
+            "tracking sandbox"
+        );
         self.targets
             .lock()
             .unwrap_or_else(|p| p.into_inner())

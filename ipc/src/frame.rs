@@ -30,7 +30,7 @@ use crate::message::{Envelope, Event, Request, Response};
 pub const MAGIC: [u8; 4] = *b"BLYR";
 
 /// The protocol version this crate speaks; frames carrying any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 16;
@@ -561,9 +561,13 @@ mod tests {
             Request::ListCheckpoints { .. } => 11,
             Request::Gc { .. } => 12,
             Request::Status => 13,
+            Request::MaybeCheckpoint(_) => 14,
+            Request::ContextAppend { .. } => 15,
+            Request::ContextLookup { .. } => 16,
+            Request::Subscribe => 17,
         }
     }
-    const REQUEST_VARIANTS: usize = 14;
+    const REQUEST_VARIANTS: usize = 18;
 
     fn response_variant(response: &Response) -> usize {
         match response {
@@ -580,9 +584,12 @@ mod tests {
             Response::Status(_) => 10,
             Response::Done => 11,
             Response::Error(_) => 12,
+            Response::MaybeCheckpoint(_) => 13,
+            Response::Context(_) => 14,
+            Response::Subscribed => 15,
         }
     }
-    const RESPONSE_VARIANTS: usize = 13;
+    const RESPONSE_VARIANTS: usize = 16;
 
     fn all_requests() -> Vec<Request> {
         vec![
@@ -638,6 +645,32 @@ mod tests {
                 tag: None,
             },
             Request::Status,
+            Request::MaybeCheckpoint(MaybeCheckpointRequest {
+                id: "sb-1".to_owned(),
+                prefix: 4,
+                context: vec![1, 2, 3],
+                step_duration_s: 12.5,
+                regen_cost_s: None,
+                llm_elapsed_s: 0.0,
+                llm_response_s: Some(10.0),
+                policy: Some(PolicySpec {
+                    kind: Some("adaptive".to_owned()),
+                    failure_p: Some(0.05),
+                    failure_rate_per_s: None,
+                    checkpoint_timeout_s: Some(10.0),
+                    cooldown_s: None,
+                }),
+            }),
+            Request::ContextAppend {
+                trajectory: "t-1".to_owned(),
+                prefix: 4,
+                context: vec![0xff; 8],
+            },
+            Request::ContextLookup {
+                trajectory: "t-1".to_owned(),
+                prefix: None,
+            },
+            Request::Subscribe,
         ]
     }
 
@@ -658,6 +691,12 @@ mod tests {
                 truncated: true,
                 timed_out: true,
                 duration_ms: 5000.25,
+                infra_fault: Some(crate::message::InfraFault {
+                    kind: crate::message::InfraFaultKind::ExternalKill,
+                    pid: Some(42),
+                    signal: Some(9),
+                }),
+                dirty: Some(true),
             }),
             Response::Checkpoint(checkpoint_info()),
             Response::Checkpoints(vec![checkpoint_info()]),
@@ -690,12 +729,37 @@ mod tests {
                 criu: "Version: 4.1.1".to_owned(),
                 cgroup: "hybrid".to_owned(),
                 sandboxes: 3,
+                tracer: "bpf".to_owned(),
             }),
             Response::Done,
             Response::Error(ErrorReply {
                 code: ErrorCode::UnknownSandbox,
                 message: "no sandbox sb-9".to_owned(),
             }),
+            Response::MaybeCheckpoint(MaybeCheckpointResult {
+                checkpointed: true,
+                decision: DecisionInfo {
+                    step: 4,
+                    checkpoint: true,
+                    reason: "benefit".to_owned(),
+                    p: 0.05,
+                    regen_cost_s: 50.0,
+                    c_s: 0.3,
+                    elapsed_llm_s: 0.0,
+                    q: 0.9,
+                    benefit: 2.5,
+                    visible_cost: 0.03,
+                },
+                checkpoint: Some(checkpoint_info()),
+            }),
+            Response::Context(ContextEntry {
+                trajectory: "t-1".to_owned(),
+                prefix: 4,
+                context: vec![7; 5],
+                record: 12,
+                digest: "cd".repeat(32),
+            }),
+            Response::Subscribed,
         ]
     }
 
@@ -757,7 +821,7 @@ mod tests {
         };
         let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
         let payload = &bytes[HEADER_LEN..];
-        assert_eq!(&bytes[4..6], &[1, 0]);
+        assert_eq!(&bytes[4..6], &[2, 0]);
         assert_eq!(bytes[6], 1);
         assert_eq!(bytes[7], 0);
         assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());

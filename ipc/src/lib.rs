@@ -28,7 +28,9 @@
 //! other. A bad frame is answered with `Response::Error` (`BadRequest`, request id 0) and that
 //! connection is closed; other connections are unaffected. [`Client`] is the blocking
 //! counterpart. [`send_with_fds`] and [`recv_with_fds`] pass file descriptors (`SCM_RIGHTS`);
-//! [`send_event`] and [`recv_event`] frame events.
+//! [`send_event`] and [`recv_event`] frame events; `Request::Subscribe` turns a connection into
+//! an event stream fed by [`Handler::subscribe`] and read with [`Client::subscribe`] /
+//! [`Subscription`].
 //!
 //! # Memory servers
 //!
@@ -78,9 +80,9 @@ pub use frame::{
 };
 pub use message::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ContextEntry, DecisionInfo, Envelope,
-    ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo,
-    MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response, RestoreInfo,
-    RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
+    ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo, InfraFault,
+    InfraFaultKind, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
+    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
 };
 pub use transport::{
     peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, Client, ClientError,

@@ -250,6 +250,47 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// Wall-clock duration in milliseconds.
     pub duration_ms: f64,
+    /// Set when an infrastructure failure hit the action (a process killed from outside the
+    /// sandbox, an OOM kill, the sandbox lost): the output is not the task's own behaviour and
+    /// should be withheld from the model's context; recover instead.
+    pub infra_fault: Option<InfraFault>,
+    /// Whether the action changed the sandbox (files written, created or removed; processes
+    /// left running or gone); `None` when the daemon cannot tell.
+    pub dirty: Option<bool>,
+}
+
+/// An infrastructure failure seen during an action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InfraFault {
+    /// What happened.
+    pub kind: InfraFaultKind,
+    /// Host pid of the process it hit, when known.
+    pub pid: Option<i32>,
+    /// The killing signal, when known.
+    pub signal: Option<i32>,
+}
+
+/// Kinds of [`InfraFault`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InfraFaultKind {
+    /// A fatal signal sent from outside the sandbox reached one of its processes.
+    ExternalKill,
+    /// The OOM killer killed a process of the sandbox.
+    Oom,
+    /// The sandbox init died: the whole sandbox is gone.
+    SandboxLost,
+}
+
+impl InfraFaultKind {
+    /// `external_kill`, `oom` or `sandbox_lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InfraFaultKind::ExternalKill => "external_kill",
+            InfraFaultKind::Oom => "oom",
+            InfraFaultKind::SandboxLost => "sandbox_lost",
+        }
+    }
 }
 
 /// Checkpoint stages at which a daemon started with test hooks can be made to fail.
@@ -397,6 +438,8 @@ pub struct StatusInfo {
     pub cgroup: String,
     /// Number of sandboxes.
     pub sandboxes: u64,
+    /// Sandbox tracer in use: `bpf`, or `fallback` (pidfd/cgroup polling) with the reason.
+    pub tracer: String,
 }
 
 /// Why a request failed.

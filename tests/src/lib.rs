@@ -62,6 +62,7 @@ pub struct Daemon {
     child: Option<Child>,
     log: PathBuf,
     test_hooks: bool,
+    no_bpf: bool,
 }
 
 impl Daemon {
@@ -70,8 +71,18 @@ impl Daemon {
         Self::start_with(true)
     }
 
+    /// Starts a daemon with test hooks and the BPF tracer disabled (`--no-bpf`: the
+    /// pidfd/cgroup fallback detects failures).
+    pub fn start_no_bpf() -> Daemon {
+        Self::start_opts(true, true)
+    }
+
     /// Starts a daemon, with or without test hooks.
     pub fn start_with(test_hooks: bool) -> Daemon {
+        Self::start_opts(test_hooks, false)
+    }
+
+    fn start_opts(test_hooks: bool, no_bpf: bool) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("belayer-e2e-")
             .tempdir_in("/var/tmp")
@@ -86,6 +97,7 @@ impl Daemon {
             child: None,
             log,
             test_hooks,
+            no_bpf,
         };
         d.spawn();
         d
@@ -106,6 +118,9 @@ impl Daemon {
         let mut cmd = Command::new(bin("belayerd"));
         if self.test_hooks {
             cmd.arg("--test-hooks");
+        }
+        if self.no_bpf {
+            cmd.arg("--no-bpf");
         }
         let child = cmd
             .arg("--socket")

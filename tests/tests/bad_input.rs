@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-use belayer_ipc::{ErrorCode, ExecRequest, Request, Response};
+use belayer_ipc::{ErrorCode, ExecRequest, Request, Response, PROTOCOL_VERSION};
 use belayer_tests::{busybox_rootfs, Daemon};
 
 fn expect_error(r: Response, code: ErrorCode) -> String {
@@ -32,14 +32,14 @@ fn malformed_frames_close_only_their_connection() {
         .concat(), // bad version
         [
             b"BLYR".as_slice(),
-            &[1, 0, 1, 0],
+            &[PROTOCOL_VERSION as u8, 0, 1, 0],
             &u32::MAX.to_le_bytes(),
             &[0, 0, 0, 0],
         ]
         .concat(), // oversized
         [
             b"BLYR".as_slice(),
-            &[1, 0, 1, 0],
+            &[PROTOCOL_VERSION as u8, 0, 1, 0],
             &4u32.to_le_bytes(),
             &[1, 2, 3, 4],
             b"abcd",

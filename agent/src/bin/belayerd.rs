@@ -35,6 +35,9 @@ struct Args {
     /// Honour test-fault hooks in checkpoint requests (tests only).
     #[arg(long, hide = true)]
     test_hooks: bool,
+    /// Do not load the BPF sandbox tracer; detect failures with the pidfd/cgroup fallback.
+    #[arg(long, env = "BELAYER_NO_BPF")]
+    no_bpf: bool,
 }
 
 fn main() {
@@ -74,6 +77,7 @@ fn run(args: Args) -> Result<()> {
         config.socket_gid = args.socket_gid;
     }
     config.test_hooks |= args.test_hooks;
+    config.no_bpf |= args.no_bpf;
     let mut server_config = ServerConfig::new(&config.socket).max_frame(config.max_frame_bytes);
     if let Some(gid) = config.socket_gid {
         server_config = server_config.group(gid).policy(AccessPolicy::group(gid));

@@ -327,6 +327,17 @@ impl SandboxCgroup {
             .find_map(|file| read_u64(&file).ok())
     }
 
+    /// The file counting OOM kills in this cgroup (an `oom_kill <n>` line): v2 `memory.events`
+    /// when v2 has the memory controller, else v1 `memory.oom_control`; `None` without one.
+    pub fn oom_events_file(&self) -> Option<PathBuf> {
+        let v2 = self.v2.as_ref().map(|d| d.join("memory.events"));
+        let v1 = self
+            .v1_memory
+            .as_ref()
+            .map(|d| d.join("memory.oom_control"));
+        [v2, v1].into_iter().flatten().find(|f| f.exists())
+    }
+
     /// Removes the cgroup directories in every hierarchy, descendants first. A directory already
     /// gone is fine. Every hierarchy is tried; the first error is returned
     /// ([`CgroupError::RemoveDir`], `EBUSY` while processes remain: use [`Self::kill_all`] first).

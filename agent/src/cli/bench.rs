@@ -42,6 +42,9 @@ pub enum BenchCmd {
     },
     /// Memory servers: attach, unmap, remap (and KV flush) timings for 1, 8, 64 GiB layouts.
     Memory(crate::memory::bench::MemoryBenchArgs),
+    /// Sandbox tracer: kill → SandboxFailed latency (BPF, fallback) and the BPF overhead on a
+    /// write-heavy action.
+    Tracer(crate::trace::bench::TracerBenchArgs),
 }
 
 /// Medians of one workload, milliseconds.
@@ -220,6 +223,7 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
             python_mb,
         } => (runs, busybox_rootfs, python_rootfs, python_mb),
         BenchCmd::Memory(args) => return crate::memory::bench::run(&args, json),
+        BenchCmd::Tracer(args) => return crate::trace::bench::run(&args, json),
     };
     if runs == 0 {
         bail!("--runs must be at least 1");

@@ -44,12 +44,26 @@ impl Printer {
                 "truncated": r.truncated,
                 "timed_out": r.timed_out,
                 "duration_ms": r.duration_ms,
+                "infra_fault": r.infra_fault.as_ref().map(|f| json!({
+                    "kind": f.kind.as_str(),
+                    "pid": f.pid,
+                    "signal": f.signal,
+                })),
+                "dirty": r.dirty,
             }));
         } else {
             let _ = std::io::stdout().write_all(&r.stdout);
             let _ = std::io::stderr().write_all(&r.stderr);
             if r.timed_out {
                 eprintln!("belayer: action timed out after {:.0} ms", r.duration_ms);
+            }
+            if let Some(f) = &r.infra_fault {
+                eprintln!(
+                    "belayer: infrastructure fault during the action: {} (pid {:?}, signal {:?})",
+                    f.kind.as_str(),
+                    f.pid,
+                    f.signal
+                );
             }
         }
         r.exit_code
@@ -189,6 +203,7 @@ impl Printer {
                 println!("criu:      {}", s.criu);
                 println!("cgroups:   {}", s.cgroup);
                 println!("sandboxes: {}", s.sandboxes);
+                println!("tracer:    {}", s.tracer);
             }
             Response::Done => {}
             Response::Exec(e) => {

@@ -24,6 +24,9 @@ pub fn dispatch() {
     if args.get(1).map(String::as_str) != Some(HELPER_ARG) {
         return;
     }
+    // `belayerd` blocks SIGTERM/SIGINT for its signal thread and the mask survives exec: clear
+    // it, or no process of a sandbox could be stopped by those signals.
+    let _ = nix::sys::signal::SigSet::empty().thread_set_mask();
     let code = match args.get(2).map(String::as_str) {
         Some("init") => init::main(&args[3..]),
         Some("exec") => exec::main(&args[3..]),

@@ -49,6 +49,12 @@ pub struct PolicySummary {
     pub checkpoints_taken: u64,
     /// Checkpoints skipped by the policy.
     pub checkpoints_skipped: u64,
+    /// Of those, skipped because the steps since the ready checkpoint changed nothing.
+    #[serde(default)]
+    pub checkpoints_clean: u64,
+    /// Infrastructure faults reported by actions, by kind.
+    #[serde(default)]
+    pub infra_faults: BTreeMap<String, u64>,
     /// Checkpoint time hidden in LLM bubbles, seconds.
     pub checkpoint_hidden_s: f64,
     /// Checkpoint time on the critical path, seconds.
@@ -83,6 +89,8 @@ impl PolicySummary {
             regenerated_s: r.regenerated_s,
             checkpoints_taken: r.checkpoints_taken,
             checkpoints_skipped: r.checkpoints_skipped,
+            checkpoints_clean: r.checkpoints_clean,
+            infra_faults: r.infra_faults.clone(),
             checkpoint_hidden_s: r.checkpoint_hidden_s,
             checkpoint_visible_s: r.checkpoint_visible_s,
             bytes_written: r.bytes_written,
@@ -103,6 +111,8 @@ impl PolicySummary {
             regenerated_s: self.regenerated_s,
             checkpoints_taken: self.checkpoints_taken,
             checkpoints_skipped: self.checkpoints_skipped,
+            checkpoints_clean: self.checkpoints_clean,
+            infra_faults: self.infra_faults,
             checkpoint_hidden_s: self.checkpoint_hidden_s,
             checkpoint_visible_s: self.checkpoint_visible_s,
             bytes_written: self.bytes_written,

@@ -66,6 +66,14 @@ pub struct PolicyResult {
     pub checkpoints_taken: u64,
     /// Steps after which the policy decided not to checkpoint.
     pub checkpoints_skipped: u64,
+    /// Of those, the steps skipped because nothing changed since the ready checkpoint (the
+    /// prefix re-points to that checkpoint's state).
+    #[serde(default)]
+    pub checkpoints_clean: u64,
+    /// Infrastructure faults reported by actions, by kind (`external_kill`, `oom`,
+    /// `sandbox_lost`).
+    #[serde(default)]
+    pub infra_faults: std::collections::BTreeMap<String, u64>,
     /// Checkpoint time that overlapped the following LLM wait, seconds.
     pub checkpoint_hidden_s: f64,
     /// Checkpoint time that delayed the next action, seconds.
@@ -92,6 +100,8 @@ impl PolicyResult {
             regenerated_s: 0.0,
             checkpoints_taken: 0,
             checkpoints_skipped: 0,
+            checkpoints_clean: 0,
+            infra_faults: Default::default(),
             checkpoint_hidden_s: 0.0,
             checkpoint_visible_s: 0.0,
             bytes_written: 0,
@@ -109,6 +119,10 @@ impl PolicyResult {
         self.regenerated_s += other.regenerated_s;
         self.checkpoints_taken += other.checkpoints_taken;
         self.checkpoints_skipped += other.checkpoints_skipped;
+        self.checkpoints_clean += other.checkpoints_clean;
+        for (kind, n) in other.infra_faults {
+            *self.infra_faults.entry(kind).or_default() += n;
+        }
         self.checkpoint_hidden_s += other.checkpoint_hidden_s;
         self.checkpoint_visible_s += other.checkpoint_visible_s;
         self.bytes_written += other.bytes_written;

@@ -9,6 +9,13 @@
 //! the sandbox from the host at its moment; recovery restores the latest ready checkpoint C_k
 //! (verifying the restored tree, the process list and L_k) and regenerates from k+1, or, for the
 //! `restart`/`never` baselines, starts again from step 1 in a fresh sandbox.
+//!
+//! The daemon's tracer says per action whether it dirtied the sandbox and whether an
+//! infrastructure fault hit it. A step after which nothing changed since the ready checkpoint
+//! C_k needs no checkpoint (the policy skips it as `Clean`, counted in the report): its prefix
+//! re-points to C_k, so a recovery restores C_k and goes on after the last such clean step. An
+//! action with an infrastructure fault is withheld from the context and recovered like an
+//! injected failure; the report counts faults per kind.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,7 +30,7 @@ use super::schedule::{sample_llm_s, FailureSchedule};
 use super::trajectory::Trajectory;
 use super::translate::Translator;
 use crate::context::{ContextLog, Record};
-use crate::policy::{Policy, PolicyKind, StepInput};
+use crate::policy::{Policy, PolicyKind, Reason, StepInput};
 use crate::report::{EventKind, PolicyResult, TimelineEvent, TrajectoryTimeline};
 
 /// Directories every trajectory starts with (the recordings run in `/app` and `/workspace`).
@@ -129,6 +136,9 @@ struct Run<'a> {
     max_done: u64,
     /// Prefix of the ready checkpoint (0: none).
     ready: u64,
+    /// Largest step m such that every step in (ready, m] left the sandbox clean (reported
+    /// `dirty: false`): the state at m is the ready checkpoint's, so prefix m re-points to it.
+    clean_through: u64,
     attempts: Vec<u32>,
 }
 
@@ -154,10 +164,12 @@ impl Run<'_> {
     }
 
     fn exec(&mut self, cmd: &str) -> Result<belayer_ipc::ExecResult, String> {
+        // The set-up creates /app: it cannot run there.
+        let cwd = if cmd == SETUP { "/" } else { "/app" };
         let req = ExecRequest {
             id: self.id.clone(),
             argv: vec![cmd.to_string()],
-            cwd: Some("/app".into()),
+            cwd: Some(cwd.into()),
             timeout_ms: Some((self.cfg.action_timeout_s * 1000.0) as u64),
             output_limit: Some(64 << 10),
             ..Default::default()
@@ -186,6 +198,7 @@ impl Run<'_> {
         match result {
             Ok(info) => {
                 self.ready = info.prefix;
+                self.clean_through = info.prefix;
                 self.stats.checkpoints_taken += 1;
                 self.stats.bytes_written += info.bytes;
                 self.stats.checkpoint_visible_s += visible;
@@ -276,9 +289,17 @@ impl Run<'_> {
                 ));
             }
         }
-        self.messages.truncate(2 * k as usize);
-        self.translators.truncate(k as usize + 1);
+        // Steps after k that changed nothing need not run again: the state restored for k is
+        // theirs too (only when k is the checkpoint they were clean against).
+        let resume = if k == self.ready && self.cfg.kind.takes_checkpoints() {
+            self.clean_through.max(k)
+        } else {
+            k
+        };
+        self.messages.truncate(2 * resume as usize);
+        self.translators.truncate(resume as usize + 1);
         self.ready = k;
+        self.clean_through = resume;
         let kind = if r.prefix.is_some() {
             EventKind::Restore
         } else {
@@ -286,7 +307,7 @@ impl Run<'_> {
         };
         let end = self.now();
         self.event(kind, t, start, end);
-        Ok(k)
+        Ok(resume)
     }
 
     fn step(&mut self, t: u64, pending: &mut Option<Pending>) -> Result<bool, DriverError> {
@@ -339,6 +360,13 @@ impl Run<'_> {
             })
         });
         let result = self.exec(&cmd);
+        if let Some(f) = result.as_ref().ok().and_then(|r| r.infra_fault.as_ref()) {
+            *self
+                .stats
+                .infra_faults
+                .entry(f.kind.as_str().to_string())
+                .or_default() += 1;
+        }
         if let Some(k) = killer {
             let _ = k.join();
             let now = self.now();
@@ -348,6 +376,14 @@ impl Run<'_> {
             return Ok(false);
         }
         let out = match result {
+            Ok(out) if out.infra_fault.is_some() => {
+                // Not the task's behaviour: withhold the observation, recover.
+                let now = self.now();
+                self.event(EventKind::Action, t, a0, now);
+                self.event(EventKind::Failure, t, now, now);
+                self.stats.failures += 1;
+                return Ok(false);
+            }
             Ok(out) => out,
             Err(e) => {
                 // Not injected: an infrastructure error; recover the same way and report it.
@@ -386,6 +422,9 @@ impl Run<'_> {
             self.stats.regenerated_s += duration;
         }
         self.max_done = self.max_done.max(t);
+        if out.dirty == Some(false) && self.clean_through == t - 1 {
+            self.clean_through = t;
+        }
         let last = t as usize == self.traj.steps.len();
         if !last && self.cfg.kind.takes_checkpoints() {
             let regen: f64 = self.durations[(self.ready as usize + 1)..=t as usize]
@@ -397,13 +436,18 @@ impl Run<'_> {
                 regen_cost_s: regen,
                 elapsed_llm_s: 0.0,
                 now_s: self.now(),
-                dirty: None,
+                // Unknown without a tracer verdict; else whether anything changed since the
+                // ready checkpoint.
+                dirty: out.dirty.map(|_| self.clean_through < t),
             };
             let decision = self.policy.decide(&input);
             if decision.checkpoint {
                 *pending = Some(self.start_checkpoint(t));
             } else {
                 self.stats.checkpoints_skipped += 1;
+                if decision.reason == Reason::Clean {
+                    self.stats.checkpoints_clean += 1;
+                }
             }
         }
         Ok(true)
@@ -454,6 +498,7 @@ pub fn run_trajectory(
         durations: vec![0.0; n + 1],
         max_done: 0,
         ready: 0,
+        clean_through: 0,
         attempts: vec![0; n + 1],
     };
     let result = (|| {

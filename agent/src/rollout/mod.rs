@@ -339,6 +339,22 @@ fn print_summary(r: &RolloutReport, files: &[PathBuf]) {
             p.checkpoint_visible_s,
             p.validity_errors.len()
         );
+        if p.checkpoints_clean > 0 || !p.infra_faults.is_empty() {
+            let faults: Vec<String> = p
+                .infra_faults
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            println!(
+                "    skipped as clean: {}; infrastructure faults: {}",
+                p.checkpoints_clean,
+                if faults.is_empty() {
+                    "none".to_string()
+                } else {
+                    faults.join(", ")
+                }
+            );
+        }
         for e in p.validity_errors.iter().take(5) {
             println!("    ! {e}");
         }

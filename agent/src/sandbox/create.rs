@@ -119,6 +119,7 @@ pub fn create(rt: &Runtime, spec: SandboxSpec) -> Result<SandboxSlot, CreateErro
     match result {
         Ok(()) => {
             tracing::info!(sandbox = %rec.id, image = %rec.spec.image, pid = ?rec.init_pid, "sandbox created");
+            rt.tracer.track(&rec);
             Ok(SandboxSlot::new(rec, paths))
         }
         Err(e) => {

@@ -140,6 +140,11 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         message: e.to_string(),
     })?;
 
+    // Tracer snapshot before the helper joins the cgroup (its own activity never counts: it
+    // only writes to pipes, memfds and cgroup files, and is reaped before the second look).
+    let upper = slot.paths.upper(rec.instance);
+    let probe = rt.tracer.begin_action(&rec, &cgroup, &upper);
+
     let stdout = sys::memfd("belayer-stdout")?;
     let stderr = sys::memfd("belayer-stderr")?;
     let (status_rd, status_wr): (OwnedFd, OwnedFd) =
@@ -200,10 +205,23 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         id: rec.id.clone(),
         message,
     })?;
+    let verdict = probe.finish(&rt.tracer, &rec, &cgroup, &upper, &status);
+    if let Some(f) = &verdict.infra_fault {
+        tracing::warn!(sandbox = %rec.id, kind = f.kind.as_str(), pid = ?f.pid, signal = ?f.signal, "infrastructure fault during the action");
+        // Whatever the tracer already did: the sandbox is not trustworthy any more (the
+        // daemon announces it as failed); the caller restores.
+        let mut r = slot.record();
+        if r.state == SandboxState::Running {
+            r.state = SandboxState::Failed;
+            if let Err(e) = r.save(&slot.paths) {
+                tracing::error!(sandbox = %r.id, error = %e, "cannot persist sandbox state");
+            }
+        }
+    }
 
     let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;
     let (err, t2) = read_bounded(&stderr, limit).map_err(helper_err)?;
-    tracing::debug!(sandbox = %rec.id, exit = status.exit_code, duration_ms, "action finished");
+    tracing::debug!(sandbox = %rec.id, exit = status.exit_code, duration_ms, dirty = ?verdict.dirty, "action finished");
     Ok(ExecResult {
         exit_code: status.exit_code,
         signal: status.signal,
@@ -212,6 +230,8 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         truncated: t1 || t2,
         timed_out: status.timed_out,
         duration_ms,
+        infra_fault: verdict.infra_fault,
+        dirty: verdict.dirty,
     })
 }
 

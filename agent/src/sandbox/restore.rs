@@ -143,8 +143,9 @@ pub fn restore(
         .rootfs(&rec.spec.image)
         .map_err(CreateError::from)?;
 
-    // 2. Tear down the failed instance.
+    // 2. Tear down the failed instance (untraced: these kills are the agent's own).
     slot.set_state(SandboxState::Restoring)?;
+    rt.tracer.untrack(&id);
     let t_down = Instant::now();
     teardown(slot).map_err(|source| RestoreError::Teardown {
         id: id.clone(),
@@ -234,6 +235,7 @@ pub fn restore(
         r.init_start_time = Some(start);
         r.state = SandboxState::Running;
         r.save(&slot.paths)?;
+        rt.tracer.track(&r);
     }
     // The old instance is garbage now.
     let (paths, old) = (slot.paths.clone(), rec.instance);

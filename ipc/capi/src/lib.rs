@@ -53,7 +53,7 @@ pub use belayer_ipc::memory::ffi::*;
 use belayer_ipc::ffi::{chain, guard, text, writable, Failure};
 use belayer_ipc::{
     CheckpointInfo, CheckpointRequest, Client, ErrorCode, ErrorReply, Event, ExecRequest,
-    MaybeCheckpointRequest, PolicySpec, Request, Response, SandboxSpec, Subscription,
+    FrameError, MaybeCheckpointRequest, PolicySpec, Request, Response, SandboxSpec, Subscription,
 };
 
 /// Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
@@ -367,10 +367,33 @@ fn call(handle: BelayerClient, request: Request) -> Result<Response, Failure> {
     match client.call(request) {
         Ok(Response::Error(reply)) => Err(reply_failure(reply)),
         Ok(response) => Ok(response),
-        Err(err) => Err(Failure::new(
-            BELAYER_E_CONNECT,
-            format!("daemon at {}: {}", client.path().display(), chain(&err)),
-        )),
+        Err(err) => {
+            // A frame that arrives whole but does not decode means the two sides disagree on
+            // the message types: a library and a daemon from different builds.
+            let skew = matches!(
+                &err,
+                belayer_ipc::ClientError::Receive {
+                    source: FrameError::Decode { .. } | FrameError::TrailingBytes { .. },
+                    ..
+                }
+            );
+            let (code, hint) = if skew {
+                (
+                    BELAYER_E_PROTOCOL,
+                    " (libbelayer and belayerd come from different builds)",
+                )
+            } else {
+                (BELAYER_E_CONNECT, "")
+            };
+            Err(Failure::new(
+                code,
+                format!(
+                    "daemon at {}: {}{hint}",
+                    client.path().display(),
+                    chain(&err)
+                ),
+            ))
+        }
     }
 }
 
@@ -936,18 +959,17 @@ pub unsafe extern "C" fn belayer_checkpoint(
 ) -> c_int {
     guard(|| {
         // SAFETY: forwarded from this function's contract.
-        let (id, context, out) = unsafe {
+        let (id, context, mut out) = unsafe {
             (
                 text(id, "id")?,
                 bytes_in(context, context_len, "context")?,
                 out.as_mut(),
             )
         };
-        let out = out.map(|o| {
-            // SAFETY: valid for writes; the old content may be garbage, so no drop.
-            unsafe { std::ptr::write(o, BelayerCheckpointInfo::EMPTY) };
-            o
-        });
+        // The struct has no drop glue: overwriting garbage is fine.
+        if let Some(o) = out.as_deref_mut() {
+            *o = BelayerCheckpointInfo::EMPTY;
+        }
         let req = CheckpointRequest {
             id: id.to_owned(),
             prefix,

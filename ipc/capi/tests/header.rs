@@ -58,6 +58,9 @@ fn header_declares_the_abi_version_and_every_exported_function() {
         "belayer_mem_connect",
         "belayer_placeholder_new",
     ] {
-        assert!(generated.contains(&format!("{f}(")), "{f} missing from the header");
+        assert!(
+            generated.contains(&format!("{f}(")),
+            "{f} missing from the header"
+        );
     }
 }

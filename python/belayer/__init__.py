@@ -1,0 +1,57 @@
+"""Belayer for Python: sandboxes with full checkpoints at action boundaries and restore after
+a fail-stop, for agentic-RL rollouts, over ``libbelayer`` (pure ctypes, no compile step).
+
+Example::
+
+    import belayer
+
+    with belayer.Client("/run/belayer/belayer.sock") as client:
+        with client.create_sandbox("busybox") as sb:
+            sb.exec("echo one > /root/state")
+            sb.checkpoint(1, b"context after action 1")
+            ...                       # the sandbox fails
+            restored = sb.restore()   # restored.prefix == 1, restored.context == b"..."
+
+Every failure raises a :class:`BelayerError` subclass chosen by the library's status code
+(see :mod:`belayer.errors`). The library is located as described in :mod:`belayer._lib`
+(``BELAYER_LIB`` overrides).
+"""
+
+from ._lib import ABI_VERSION
+from .client import (
+    CheckpointInfo,
+    Client,
+    Decision,
+    Event,
+    ExecResult,
+    Policy,
+    RestoreInfo,
+    Sandbox,
+    SandboxInfo,
+    Subscription,
+    abi_version,
+    library_path,
+    library_version,
+)
+from .errors import *  # noqa: F401,F403  (the exception classes)
+from .errors import BelayerError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABI_VERSION",
+    "BelayerError",
+    "CheckpointInfo",
+    "Client",
+    "Decision",
+    "Event",
+    "ExecResult",
+    "Policy",
+    "RestoreInfo",
+    "Sandbox",
+    "SandboxInfo",
+    "Subscription",
+    "abi_version",
+    "library_path",
+    "library_version",
+]

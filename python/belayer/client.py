@@ -1,0 +1,573 @@
+"""The Python API over libbelayer: :class:`Client`, :class:`Sandbox`, :class:`Subscription`
+and the result types."""
+
+from __future__ import annotations
+
+import time
+from ctypes import byref, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple, Union
+
+from . import _lib
+from .errors import ERRORS, BelayerError, EventTimeoutError
+
+#: A string argument: ``str`` (encoded as UTF-8) or raw ``bytes`` (passed as they are).
+Text = Union[str, bytes]
+
+REASONS = {
+    0: "benefit",
+    1: "cost",
+    2: "cooldown",
+    3: "always",
+    4: "never",
+    5: "every_n",
+    6: "restart",
+    7: "clean",
+}
+
+EVENT_KINDS = {1: "sandbox_failed", 2: "checkpoint_ready"}
+
+
+def _check(rc: int) -> None:
+    """Raises the exception of status code ``rc`` (nothing for ``BELAYER_OK``)."""
+    if rc == 0:
+        return
+    lib = _lib.load()
+    message = (lib.belayer_last_error() or b"").decode("utf-8", "replace")
+    status = (lib.belayer_status_name(rc) or b"").decode()
+    raise ERRORS.get(rc, BelayerError)(rc, status, message)
+
+
+def _c(text: Optional[Text]) -> Optional[bytes]:
+    if text is None or isinstance(text, bytes):
+        return text
+    return text.encode("utf-8")
+
+
+def abi_version() -> int:
+    """The C ABI version of the loaded library (``belayer_abi_version()``)."""
+    return int(_lib.load().belayer_abi_version())
+
+
+def library_version() -> str:
+    """The version of the loaded library."""
+    return _lib.load().belayer_version().decode()
+
+
+def library_path() -> str:
+    """Path of the loaded library."""
+    return _lib.path()
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """Outcome of one action.
+
+    Attributes:
+        exit_code: exit code; 128 + signal when killed by a signal.
+        signal: terminating signal, ``None`` when none.
+        timed_out: the timeout killed the action.
+        truncated: stdout or stderr was cut at the daemon's output limit.
+        duration_ms: wall-clock duration, milliseconds.
+        stdout: captured stdout.
+        stderr: captured stderr.
+    """
+
+    exit_code: int
+    signal: Optional[int]
+    timed_out: bool
+    truncated: bool
+    duration_ms: float
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        """Whether the action exited with 0."""
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        """stdout decoded as UTF-8 (invalid bytes replaced)."""
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the daemon sees it (``init_pid``/``ready_prefix`` are ``None`` when
+    absent; ``created_unix_ms`` in milliseconds since the epoch)."""
+
+    id: str
+    image: str
+    state: str
+    init_pid: Optional[int]
+    instance: int
+    ready_prefix: Optional[int]
+    pids: List[int]
+    created_unix_ms: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """A published checkpoint C_k (sizes in bytes, times in milliseconds)."""
+
+    prefix: int
+    bytes: int
+    frozen_ms: float
+    total_ms: float
+    name: str
+    context_digest: str
+
+
+@dataclass(frozen=True)
+class RestoreInfo:
+    """Result of a restore: prefix k (``None``: restarted from the base image) and the LLM
+    context L_k recorded with the checkpoint."""
+
+    prefix: Optional[int]
+    context: bytes
+    init_pid: int
+    total_ms: float
+    verified: bool
+    fs_matches: bool
+    processes_match: bool
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The checkpoint policy of a sandbox (``None`` fields keep the daemon's defaults).
+
+    Attributes:
+        kind: ``adaptive``, ``always``, ``never``, ``every:N`` or ``restart``.
+        failure_p: fixed failure probability per step, in [0, 1].
+        failure_rate_per_s: fail-stop rate per second (used when ``failure_p`` is None).
+        checkpoint_timeout_s: a longer checkpoint starts the cooldown, seconds.
+        cooldown_s: cooldown after a timed-out checkpoint, seconds.
+    """
+
+    kind: str = "adaptive"
+    failure_p: Optional[float] = None
+    failure_rate_per_s: Optional[float] = None
+    checkpoint_timeout_s: Optional[float] = None
+    cooldown_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :meth:`Client.maybe_checkpoint` decided (seconds, probabilities).
+
+    ``checkpoint`` is the published checkpoint when one was taken.
+    """
+
+    checkpointed: bool
+    reason: str
+    p: float
+    regen_cost_s: float
+    c_s: float
+    q: float
+    benefit: float
+    visible_cost: float
+    checkpoint_prefix: Optional[int]
+    checkpoint_bytes: int
+    checkpoint_total_ms: float
+
+
+@dataclass(frozen=True)
+class Event:
+    """A daemon event: ``kind`` is ``"sandbox_failed"`` (with ``reason``) or
+    ``"checkpoint_ready"`` (with ``prefix``)."""
+
+    kind: str
+    sandbox: str
+    prefix: int
+    reason: Optional[str]
+
+
+def _neg(v: Optional[float]) -> float:
+    return -1.0 if v is None else float(v)
+
+
+class Client:
+    """A connection to ``belayerd``.
+
+    Usable as a context manager (closes on exit). One request runs at a time per client;
+    calls from several threads are serialized by the library (ctypes releases the GIL while
+    they run). Raises :class:`~belayer.errors.DaemonConnectionError` when the daemon is
+    unreachable.
+
+    Args:
+        socket: the daemon's socket (``None``: ``/run/belayer/belayer.sock``).
+    """
+
+    def __init__(self, socket: Optional[Text] = None) -> None:
+        self._lib = _lib.load()
+        self.socket = socket
+        handle = c_uint64(0)
+        self._closed = True
+        _check(self._lib.belayer_connect(_c(socket), byref(handle)))
+        self._handle = handle.value
+        self._closed = False
+
+    @property
+    def handle(self) -> int:
+        """The library handle of this connection."""
+        return self._handle
+
+    def close(self) -> None:
+        """Closes the connection. Closing twice raises
+        :class:`~belayer.errors.BadHandleError`."""
+        self._closed = True
+        _check(self._lib.belayer_close(self._handle))
+
+    def __del__(self) -> None:
+        # A forgotten client gives its handle back when collected.
+        if not getattr(self, "_closed", True):
+            try:
+                self._lib.belayer_close(self._handle)
+            except Exception:
+                pass
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        except BelayerError:
+            pass
+
+    def ping(self) -> str:
+        """The daemon's version."""
+        out = c_void_p()
+        _check(self._lib.belayer_ping(self._handle, byref(out)))
+        return _lib.take_string(out)
+
+    def import_image(self, name: Text, source: Text, exist_ok: bool = False) -> None:
+        """Imports the rootfs directory or tar archive ``source`` (a path on the daemon's
+        host) as image ``name``; an existing image is fine when ``exist_ok``."""
+        rc = self._lib.belayer_image_import(self._handle, _c(name), _c(source))
+        if exist_ok and rc == -23:
+            return
+        _check(rc)
+
+    def create_sandbox(self, image: Text, tag: Optional[Text] = None) -> "Sandbox":
+        """Creates and starts a sandbox from ``image``."""
+        out = c_void_p()
+        _check(self._lib.belayer_sandbox_create(self._handle, _c(image), _c(tag), byref(out)))
+        return Sandbox(self, _lib.take_string(out))
+
+    def sandbox(self, id: str) -> "Sandbox":
+        """A :class:`Sandbox` object for an existing sandbox id (no request is made)."""
+        return Sandbox(self, id)
+
+    def inspect(self, id: Text) -> SandboxInfo:
+        """Describes sandbox ``id``."""
+        info = _lib.SandboxInfo()
+        try:
+            _check(self._lib.belayer_sandbox_inspect(self._handle, _c(id), byref(info)))
+            return SandboxInfo(
+                id=_lib.string_field(info.id),
+                image=_lib.string_field(info.image),
+                state=_lib.string_field(info.state),
+                init_pid=info.init_pid if info.init_pid >= 0 else None,
+                instance=info.instance,
+                ready_prefix=info.ready_prefix if info.has_ready_prefix else None,
+                pids=[info.pids[i] for i in range(info.pids_len)],
+                created_unix_ms=info.created_unix_ms,
+            )
+        finally:
+            self._lib.belayer_sandbox_info_free(byref(info))
+
+    def destroy(self, id: Text) -> None:
+        """Kills sandbox ``id`` and deletes it with its checkpoints."""
+        _check(self._lib.belayer_sandbox_destroy(self._handle, _c(id)))
+
+    def exec(self, id: Text, command: Text, timeout_ms: int = 0) -> ExecResult:
+        """Runs ``command`` with ``/bin/sh -c`` in sandbox ``id`` (killed after
+        ``timeout_ms`` ms; 0: no timeout). A non-zero exit is reported, not raised."""
+        r = _lib.ExecResult()
+        try:
+            _check(
+                self._lib.belayer_exec(self._handle, _c(id), _c(command), timeout_ms, byref(r))
+            )
+            return ExecResult(
+                exit_code=r.exit_code,
+                signal=r.signal or None,
+                timed_out=bool(r.timed_out),
+                truncated=bool(r.truncated),
+                duration_ms=r.duration_ms,
+                stdout=_lib.buf_bytes(r.stdout_buf),
+                stderr=_lib.buf_bytes(r.stderr_buf),
+            )
+        finally:
+            self._lib.belayer_exec_result_free(byref(r))
+
+    def checkpoint(self, id: Text, prefix: int, context: bytes = b"") -> CheckpointInfo:
+        """Takes a full checkpoint C_k of sandbox ``id`` at boundary ``prefix`` with the LLM
+        context ``context``."""
+        info = _lib.CheckpointInfo()
+        try:
+            _check(
+                self._lib.belayer_checkpoint(
+                    self._handle, _c(id), prefix, context or None, len(context), byref(info)
+                )
+            )
+            return CheckpointInfo(
+                prefix=info.prefix,
+                bytes=info.bytes,
+                frozen_ms=info.frozen_ms,
+                total_ms=info.total_ms,
+                name=_lib.string_field(info.name),
+                context_digest=_lib.string_field(info.context_digest),
+            )
+        finally:
+            self._lib.belayer_checkpoint_info_free(byref(info))
+
+    def maybe_checkpoint(
+        self,
+        id: Text,
+        prefix: int,
+        context: bytes = b"",
+        *,
+        step_duration_s: float,
+        regen_cost_s: Optional[float] = None,
+        llm_elapsed_s: float = 0.0,
+        llm_response_s: Optional[float] = None,
+        policy: Optional[Policy] = None,
+    ) -> Decision:
+        """Feeds the checkpoint policy of sandbox ``id`` the step that reached boundary
+        ``prefix``; the daemon checkpoints (with ``context``) when the policy says so.
+
+        Args:
+            step_duration_s: d_t, the step's wall-clock duration (LLM plus action), seconds.
+            regen_cost_s: C_t, seconds; ``None``: the daemon sums the step durations since
+                the last checkpoint.
+            llm_elapsed_s: x, how long the next LLM response already runs, seconds.
+            llm_response_s: this step's LLM response time, fed into the distribution of T.
+            policy: sets or replaces the sandbox's policy; ``None`` keeps it (default:
+                adaptive, p = 0.01 per step).
+        """
+        step = _lib.Step(float(step_duration_s), _neg(regen_cost_s), float(llm_elapsed_s),
+                         _neg(llm_response_s))
+        c_policy = None
+        if policy is not None:
+            c_policy = _lib.Policy(
+                _c(policy.kind),
+                _neg(policy.failure_p),
+                _neg(policy.failure_rate_per_s),
+                _neg(policy.checkpoint_timeout_s),
+                _neg(policy.cooldown_s),
+            )
+        d = _lib.Decision()
+        _check(
+            self._lib.belayer_maybe_checkpoint(
+                self._handle,
+                _c(id),
+                prefix,
+                context or None,
+                len(context),
+                byref(step),
+                byref(c_policy) if c_policy is not None else None,
+                byref(d),
+            )
+        )
+        return Decision(
+            checkpointed=bool(d.checkpointed),
+            reason=REASONS.get(d.reason, "unknown"),
+            p=d.p,
+            regen_cost_s=d.regen_cost_s,
+            c_s=d.c_s,
+            q=d.q,
+            benefit=d.benefit,
+            visible_cost=d.visible_cost,
+            checkpoint_prefix=d.checkpoint_prefix if d.checkpointed else None,
+            checkpoint_bytes=d.checkpoint_bytes,
+            checkpoint_total_ms=d.checkpoint_total_ms,
+        )
+
+    def restore(self, id: Text, verify: bool = True) -> RestoreInfo:
+        """Restores sandbox ``id`` from its ready checkpoint into a fresh instance; returns k
+        and the LLM context L_k. ``verify`` also checks the restored state."""
+        info = _lib.RestoreInfo()
+        try:
+            _check(self._lib.belayer_restore(self._handle, _c(id), verify, byref(info)))
+            return RestoreInfo(
+                prefix=info.prefix if info.has_prefix else None,
+                context=_lib.buf_bytes(info.context),
+                init_pid=info.init_pid,
+                total_ms=info.total_ms,
+                verified=bool(info.verified),
+                fs_matches=bool(info.fs_matches),
+                processes_match=bool(info.processes_match),
+            )
+        finally:
+            self._lib.belayer_restore_info_free(byref(info))
+
+    def context_append(self, trajectory: Text, prefix: int, context: bytes) -> int:
+        """Appends the LLM context of ``trajectory`` at boundary ``prefix`` to its log
+        (durable on return); returns the record id."""
+        record = c_uint64(0)
+        _check(
+            self._lib.belayer_context_append(
+                self._handle, _c(trajectory), prefix, context or None, len(context),
+                byref(record)
+            )
+        )
+        return record.value
+
+    def context_lookup(self, trajectory: Text, prefix: Optional[int] = None) -> Tuple[int, bytes]:
+        """The context of ``trajectory`` at ``prefix`` (``None``: the latest boundary) as
+        ``(prefix, bytes)``; raises :class:`~belayer.errors.NotFoundError`."""
+        out_prefix = c_uint64(0)
+        buf = _lib.Buf()
+        try:
+            _check(
+                self._lib.belayer_context_lookup(
+                    self._handle,
+                    _c(trajectory),
+                    -1 if prefix is None else prefix,
+                    byref(out_prefix),
+                    byref(buf),
+                )
+            )
+            return out_prefix.value, _lib.buf_bytes(buf)
+        finally:
+            self._lib.belayer_buf_free(byref(buf))
+
+    def subscribe(self) -> "Subscription":
+        """A new event stream (on its own connection to the same socket)."""
+        return Subscription(self.socket)
+
+
+class Sandbox:
+    """One sandbox, bound to a :class:`Client`. As a context manager it destroys the
+    sandbox on exit."""
+
+    def __init__(self, client: Client, id: str) -> None:
+        self.client = client
+        self.id = id
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.destroy()
+        except BelayerError:
+            pass
+
+    def info(self) -> SandboxInfo:
+        """See :meth:`Client.inspect`."""
+        return self.client.inspect(self.id)
+
+    def exec(self, command: Text, timeout_ms: int = 0) -> ExecResult:
+        """See :meth:`Client.exec`."""
+        return self.client.exec(self.id, command, timeout_ms)
+
+    def checkpoint(self, prefix: int, context: bytes = b"") -> CheckpointInfo:
+        """See :meth:`Client.checkpoint`."""
+        return self.client.checkpoint(self.id, prefix, context)
+
+    def maybe_checkpoint(self, prefix: int, context: bytes = b"", **step: object) -> Decision:
+        """See :meth:`Client.maybe_checkpoint`."""
+        return self.client.maybe_checkpoint(self.id, prefix, context, **step)  # type: ignore[arg-type]
+
+    def restore(self, verify: bool = True) -> RestoreInfo:
+        """See :meth:`Client.restore`."""
+        return self.client.restore(self.id, verify)
+
+    def destroy(self) -> None:
+        """See :meth:`Client.destroy`."""
+        self.client.destroy(self.id)
+
+
+class Subscription:
+    """A stream of daemon events (sandbox failed, checkpoint ready) published after it was
+    opened. Iterating yields events forever; use :meth:`next` for a timeout. A context
+    manager (closes on exit). Read it from one thread at a time."""
+
+    def __init__(self, socket: Optional[Text] = None) -> None:
+        self._lib = _lib.load()
+        handle = c_uint64(0)
+        self._closed = True
+        _check(self._lib.belayer_subscribe(_c(socket), byref(handle)))
+        self._handle = handle.value
+        self._closed = False
+
+    def next(self, timeout: Optional[float] = None) -> Optional[Event]:
+        """The next event, or ``None`` when none came within ``timeout`` seconds
+        (``None``: wait forever)."""
+        ev = _lib.Event()
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        try:
+            try:
+                _check(self._lib.belayer_next_event(self._handle, timeout_ms, byref(ev)))
+            except EventTimeoutError:
+                return None
+            return Event(
+                kind=EVENT_KINDS.get(ev.kind, "unknown"),
+                sandbox=_lib.string_field(ev.sandbox),
+                prefix=ev.prefix,
+                reason=_lib.string_field(ev.reason) or None,
+            )
+        finally:
+            self._lib.belayer_event_free(byref(ev))
+
+    def wait_for(self, kind: str, sandbox: str, timeout: float = 20.0) -> Event:
+        """Waits for an event of ``kind`` about ``sandbox``; raises
+        :class:`~belayer.errors.EventTimeoutError` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EventTimeoutError(-9, "BELAYER_E_TIMEOUT", f"no {kind} event for {sandbox}")
+            ev = self.next(min(left, 0.5))
+            if ev is not None and ev.kind == kind and ev.sandbox == sandbox:
+                return ev
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            ev = self.next(None)
+            if ev is not None:
+                yield ev
+
+    def close(self) -> None:
+        """Closes the stream."""
+        self._closed = True
+        _check(self._lib.belayer_unsubscribe(self._handle))
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self._lib.belayer_unsubscribe(self._handle)
+            except Exception:
+                pass
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        except BelayerError:
+            pass
+
+
+__all__ = [
+    "Client",
+    "Sandbox",
+    "Subscription",
+    "ExecResult",
+    "SandboxInfo",
+    "CheckpointInfo",
+    "RestoreInfo",
+    "Policy",
+    "Decision",
+    "Event",
+    "abi_version",
+    "library_version",
+    "library_path",
+]

@@ -1,0 +1,158 @@
+"""Exceptions raised by the bindings, one per ``BELAYER_E_*`` status code of ``belayer.h``.
+
+Every exception is a :class:`BelayerError` carrying the status ``code``, its C name
+(``status``) and the library's message (``belayer_last_error()`` of the failing call).
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Dict, Type
+
+
+class BelayerError(Exception):
+    """A libbelayer call failed.
+
+    Attributes:
+        code: the negative status code (``BELAYER_E_*``).
+        status: its name, e.g. ``"BELAYER_E_UNKNOWN_SANDBOX"``.
+        message: the library's description of the failure.
+    """
+
+    code: int = 0
+
+    def __init__(self, code: int, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.code = code
+        self.status = status
+        self.message = message
+
+
+class InvalidArgumentError(BelayerError, ValueError):
+    """A NULL pointer, a string that is not UTF-8, or a value out of range."""
+
+
+class DaemonConnectionError(BelayerError, builtins.ConnectionError):
+    """The daemon (or memory server) could not be reached or the connection broke."""
+
+
+class RefusedError(BelayerError):
+    """The memory server refused the request."""
+
+
+class MapError(BelayerError):
+    """Mapping memory failed."""
+
+
+class OwnerGoneError(BelayerError):
+    """The memory server is gone."""
+
+
+class CudaError(BelayerError):
+    """A CUDA driver call failed, or no driver is present."""
+
+
+class LayoutError(BelayerError):
+    """A memory layout file is unreadable or invalid."""
+
+
+class BadHandleError(BelayerError):
+    """A handle is unknown: never issued, or already closed."""
+
+
+class EventTimeoutError(BelayerError, builtins.TimeoutError):
+    """No event arrived in time."""
+
+
+class ProtocolError(BelayerError):
+    """The daemon answered something the library does not expect (version skew)."""
+
+
+class BadRequestError(BelayerError, ValueError):
+    """The daemon found the request malformed or its arguments invalid."""
+
+
+class UnknownSandboxError(BelayerError, LookupError):
+    """No sandbox with that id."""
+
+
+class UnknownImageError(BelayerError, LookupError):
+    """No image with that name."""
+
+
+class AlreadyExistsError(BelayerError):
+    """The name is already taken."""
+
+
+class InUseError(BelayerError):
+    """The thing is in use."""
+
+
+class InvalidStateError(BelayerError):
+    """The sandbox is not in a state that allows the request."""
+
+
+class CorruptCheckpointError(BelayerError):
+    """A checkpoint failed verification."""
+
+
+class CheckpointFailedError(BelayerError):
+    """Taking a checkpoint failed; the previous one is still ready."""
+
+
+class RestoreFailedError(BelayerError):
+    """Restoring failed."""
+
+
+class ExecFailedError(BelayerError):
+    """Running an action failed (not the action's own non-zero exit)."""
+
+
+class PermissionDeniedError(BelayerError, PermissionError):
+    """The daemon refused this process."""
+
+
+class UnsupportedError(BelayerError):
+    """A kernel or tool feature is missing."""
+
+
+class InternalError(BelayerError):
+    """Anything else on the daemon's side."""
+
+
+class NotFoundError(BelayerError, LookupError):
+    """The looked-up record does not exist."""
+
+
+class PanicError(BelayerError):
+    """The library caught an internal panic."""
+
+
+#: Status code -> exception class.
+ERRORS: Dict[int, Type[BelayerError]] = {
+    -1: InvalidArgumentError,
+    -2: DaemonConnectionError,
+    -3: RefusedError,
+    -4: MapError,
+    -5: OwnerGoneError,
+    -6: CudaError,
+    -7: LayoutError,
+    -8: BadHandleError,
+    -9: EventTimeoutError,
+    -10: ProtocolError,
+    -20: BadRequestError,
+    -21: UnknownSandboxError,
+    -22: UnknownImageError,
+    -23: AlreadyExistsError,
+    -24: InUseError,
+    -25: InvalidStateError,
+    -26: CorruptCheckpointError,
+    -27: CheckpointFailedError,
+    -28: RestoreFailedError,
+    -29: ExecFailedError,
+    -30: PermissionDeniedError,
+    -31: UnsupportedError,
+    -32: InternalError,
+    -33: NotFoundError,
+    -99: PanicError,
+}

@@ -1,0 +1,125 @@
+"""A real ``belayerd`` on a private socket and state dir for the tests.
+
+The daemon binary is the one built next to the loaded ``libbelayer`` (``target/<profile>``),
+or ``$BELAYERD``. Needs root, CRIU and the busybox image of ``scripts/setup.sh``
+(``$BELAYER_TEST_BUSYBOX_ROOTFS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+import belayer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def busybox_rootfs() -> str:
+    return os.environ.get(
+        "BELAYER_TEST_BUSYBOX_ROOTFS", "/var/cache/belayer/images/busybox/rootfs"
+    )
+
+
+class Daemon:
+    """A ``belayerd`` process; :meth:`stop` kills it (sandboxes survive, as in production)."""
+
+    def __init__(self) -> None:
+        lib_dir = Path(belayer.library_path()).parent
+        self.bin_dir = Path(os.environ["BELAYERD"]).parent if "BELAYERD" in os.environ else lib_dir
+        self.belayerd = Path(os.environ.get("BELAYERD", lib_dir / "belayerd"))
+        if not self.belayerd.is_file():
+            raise RuntimeError(f"{self.belayerd} not built: cargo build --workspace --bins")
+        self.dir = Path(tempfile.mkdtemp(prefix="belayer-py-", dir="/var/tmp"))
+        self.socket = str(self.dir / "belayer.sock")
+        self.state_dir = self.dir / "state"
+        self.log_path = self.dir / "belayerd.log"
+        self.proc: Optional[subprocess.Popen] = None
+        self.start()
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(self.belayerd), "--socket", self.socket, "--state-dir", str(self.state_dir),
+             "--config", "/dev/null"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            env={**os.environ, "BELAYER_LOG": "debug"},
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with belayer.Client(self.socket) as c:
+                    c.ping()
+                return
+            except belayer.BelayerError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"belayerd did not start:\n{self.log()}")
+                time.sleep(0.02)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def cleanup(self) -> None:
+        """Removes every sandbox (starting the daemon again if needed), then stops it."""
+        if self.proc is None:
+            try:
+                self.start()
+            except RuntimeError:
+                pass
+        cli = self.bin_dir / "belayer"
+        if self.proc is not None and cli.is_file():
+            out = subprocess.run(
+                [str(cli), "--socket", self.socket, "--json", "sandbox", "ls"],
+                capture_output=True, text=True,
+            )
+            try:
+                listed = json.loads(out.stdout or "[]")
+            except json.JSONDecodeError:
+                listed = []
+            for sb in listed:
+                subprocess.run([str(cli), "--socket", self.socket, "sandbox", "rm", sb["id"]],
+                               capture_output=True)
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def daemon() -> Iterator[Daemon]:
+    """One daemon for the session, with the busybox image imported."""
+    d = Daemon()
+    with belayer.Client(d.socket) as c:
+        c.import_image("busybox", busybox_rootfs(), exist_ok=True)
+    yield d
+    d.cleanup()
+
+
+@pytest.fixture()
+def own_daemon() -> Iterator[Daemon]:
+    """A daemon of the test's own (the test may kill it)."""
+    d = Daemon()
+    yield d
+    d.cleanup()
+
+
+@pytest.fixture()
+def client(daemon: Daemon) -> Iterator[belayer.Client]:
+    with belayer.Client(daemon.socket) as c:
+        yield c
