@@ -85,9 +85,10 @@ pub use message::{
     RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
 };
 pub use transport::{
-    peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, Client, ClientError,
-    CredsError, FdPassError, Handler, PeerCred, Server, ServerConfig, ServerError, ServerHandle,
-    ShutdownTrigger, Subscription, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE,
+    bind_socket, peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, BindError,
+    BoundSocket, Client, ClientError, CredsError, FdPassError, Handler, PeerCred, Server,
+    ServerConfig, ServerError, ServerHandle, ShutdownTrigger, Subscription, DEFAULT_SOCKET_MODE,
+    MAX_FDS_PER_MESSAGE,
 };
 
 /// `err` and its chain of sources, joined with `": "` (for error replies and log fields).

@@ -13,9 +13,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use belayer_ipc::{
-    encode_frame, read_frame, AccessPolicy, Client, ClientError, Envelope, ErrorCode, ErrorReply,
-    ExecRequest, ExecResult, FrameError, Handler, Header, Kind, PeerCred, Request, Response,
-    Server, ServerConfig, ServerError, ServerHandle, DEFAULT_MAX_FRAME, HEADER_LEN,
+    encode_frame, read_frame, AccessPolicy, BindError, Client, ClientError, Envelope, ErrorCode,
+    ErrorReply, ExecRequest, ExecResult, FrameError, Handler, Header, Kind, PeerCred, Request,
+    Response, Server, ServerConfig, ServerError, ServerHandle, DEFAULT_MAX_FRAME, HEADER_LEN,
 };
 
 /// Answers Ping with Pong, echoes Exec argv into stdout (with the peer's uid and gid in
@@ -413,7 +413,7 @@ fn binding_replaces_stale_sockets_but_not_live_ones_or_other_files() {
     // A live server is not displaced.
     assert!(matches!(
         Server::bind(ServerConfig::new(&path)),
-        Err(ServerError::InUse { .. })
+        Err(ServerError::Bind(BindError::InUse { .. }))
     ));
     let mut client = Client::connect(&path).unwrap();
     assert_pong(&mut client);
@@ -423,7 +423,7 @@ fn binding_replaces_stale_sockets_but_not_live_ones_or_other_files() {
     std::fs::write(&path, b"not a socket").unwrap();
     assert!(matches!(
         Server::bind(ServerConfig::new(&path)),
-        Err(ServerError::NotASocket { .. })
+        Err(ServerError::Bind(BindError::NotASocket { .. }))
     ));
     assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
 }

@@ -7,10 +7,10 @@
 //! exit, `SIGKILL`), so a dead worker never blocks its replacement.
 
 use std::collections::HashMap;
-use std::fs::{self, Permissions};
+use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +23,10 @@ use belayer_ipc::memory::{
     AttachInfo, AttachRequest, Backend, Layout, LayoutError, MemErrorCode, MemErrorReply,
     MemRequest, MemResponse, Role, ServerInfo,
 };
-use belayer_ipc::{AccessPolicy, PeerCred, DEFAULT_MAX_FRAME, DEFAULT_SOCKET_MODE};
+use belayer_ipc::{
+    bind_socket, AccessPolicy, BindError, BoundSocket, PeerCred, DEFAULT_MAX_FRAME,
+    DEFAULT_SOCKET_MODE,
+};
 use tracing::{debug, info, warn};
 
 use super::alloc::{AllocError, Allocation};
@@ -58,58 +61,10 @@ pub enum MemoryServerError {
         /// The id.
         worker: String,
     },
-    /// Creating the socket's directory failed.
-    #[error("creating socket directory {path} failed")]
-    CreateDir {
-        /// Directory.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Something other than a socket sits at the socket path.
-    #[error("{path} exists and is not a socket")]
-    NotASocket {
-        /// Socket path.
-        path: PathBuf,
-    },
-    /// A live server already listens at the socket path.
-    #[error("a server already listens on {path}")]
-    InUse {
-        /// Socket path.
-        path: PathBuf,
-    },
-    /// Removing a stale socket file failed.
-    #[error("removing stale socket {path} failed")]
-    RemoveStale {
-        /// Socket path.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Binding the socket failed.
-    #[error("binding {path} failed")]
-    Bind {
-        /// Socket path.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Setting the socket's mode or group failed.
-    #[error("setting mode {mode:o} / group {group:?} on {path} failed")]
-    SetPermissions {
-        /// Socket path.
-        path: PathBuf,
-        /// Mode.
-        mode: u32,
-        /// Group.
-        group: Option<u32>,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
+    /// Binding the socket failed (a live server there, something that is not a socket,
+    /// permissions).
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// Spawning the accept thread failed.
     #[error("spawning the accept thread failed")]
     SpawnThread {
@@ -263,7 +218,8 @@ impl MemoryServer {
                 source,
             }
         })?;
-        let (listener, identity) = bind(&config.socket, config.socket_mode, config.socket_group)?;
+        let BoundSocket { listener, identity } =
+            bind_socket(&config.socket, config.socket_mode, config.socket_group)?;
         let shared = Arc::new(Shared {
             role,
             layout_hash: config.layout.hash(),
@@ -362,53 +318,6 @@ fn valid_worker(worker: &str) -> bool {
         && worker
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-/// Binds the socket: creates the directory, replaces a stale socket file, refuses a live one or
-/// a non-socket, sets mode and group. Returns the listener and the file's `(dev, ino)`.
-fn bind(
-    path: &Path,
-    mode: u32,
-    group: Option<u32>,
-) -> Result<(UnixListener, (u64, u64)), MemoryServerError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        fs::create_dir_all(dir).map_err(|source| MemoryServerError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
-    }
-    if let Ok(meta) = fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(MemoryServerError::NotASocket {
-                path: path.to_owned(),
-            });
-        }
-        if UnixStream::connect(path).is_ok() {
-            return Err(MemoryServerError::InUse {
-                path: path.to_owned(),
-            });
-        }
-        fs::remove_file(path).map_err(|source| MemoryServerError::RemoveStale {
-            path: path.to_owned(),
-            source,
-        })?;
-    }
-    let listener = UnixListener::bind(path).map_err(|source| MemoryServerError::Bind {
-        path: path.to_owned(),
-        source,
-    })?;
-    let permissions = |source| MemoryServerError::SetPermissions {
-        path: path.to_owned(),
-        mode,
-        group,
-        source,
-    };
-    fs::set_permissions(path, Permissions::from_mode(mode)).map_err(permissions)?;
-    if let Some(gid) = group {
-        std::os::unix::fs::chown(path, None, Some(gid)).map_err(permissions)?;
-    }
-    let meta = fs::symlink_metadata(path).map_err(permissions)?;
-    Ok((listener, (meta.dev(), meta.ino())))
 }
 
 fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {
@@ -794,7 +703,7 @@ mod tests {
                 layout(),
                 &socket
             )),
-            Err(MemoryServerError::InUse { .. })
+            Err(MemoryServerError::Bind(BindError::InUse { .. }))
         ));
         let info = server.info();
         assert_eq!(
@@ -811,7 +720,7 @@ mod tests {
                 layout(),
                 &socket
             )),
-            Err(MemoryServerError::NotASocket { .. })
+            Err(MemoryServerError::Bind(BindError::NotASocket { .. }))
         ));
     }
 

@@ -136,7 +136,9 @@ impl Bench {
     }
 
     fn remove(&self, id: &str) {
-        let _ = self.agent().dispatch(Request::RemoveSandbox { id: id.into() });
+        let _ = self
+            .agent()
+            .dispatch(Request::RemoveSandbox { id: id.into() });
     }
 
     /// Kill → `SandboxFailed` times, milliseconds.
@@ -146,10 +148,7 @@ impl Bench {
             let (id, init) = self.create("bb")?;
             let events = self.agent().subscribe();
             let t = Instant::now();
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(init),
-                nix::sys::signal::SIGKILL,
-            )?;
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::SIGKILL)?;
             loop {
                 let left = Duration::from_secs(5).saturating_sub(t.elapsed());
                 match events.recv_timeout(left) {
@@ -172,7 +171,10 @@ impl Bench {
             let mut v = Vec::new();
             for i in 0..n {
                 let dir = format!("/bench/x{i}");
-                v.push(self.exec(&id, &format!("mkdir -p {dir} && tar -xf /bench/src.tar -C {dir}"))?);
+                v.push(self.exec(
+                    &id,
+                    &format!("mkdir -p {dir} && tar -xf /bench/src.tar -C {dir}"),
+                )?);
             }
             Ok(v)
         })();
@@ -225,7 +227,10 @@ pub fn run(args: &TracerBenchArgs, json: bool) -> Result<i32> {
         let b = Bench::start(!bpf)?;
         let kind = b.agent().runtime().tracer.kind();
         if bpf && kind != belayer_ebpf::TracerKind::Bpf {
-            bail!("BPF did not load: {}", b.agent().runtime().tracer.describe());
+            bail!(
+                "BPF did not load: {}",
+                b.agent().runtime().tracer.describe()
+            );
         }
         b.image("bb", &args.busybox_rootfs)?;
         if python {
@@ -249,7 +254,11 @@ pub fn run(args: &TracerBenchArgs, json: bool) -> Result<i32> {
         untar_workload: workload,
         untar_bpf_ms: ubpf,
         untar_no_bpf_ms: un,
-        overhead_pct: if un > 0.0 { 100.0 * (ubpf / un - 1.0) } else { 0.0 },
+        overhead_pct: if un > 0.0 {
+            100.0 * (ubpf / un - 1.0)
+        } else {
+            0.0
+        },
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

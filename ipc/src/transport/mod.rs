@@ -5,6 +5,7 @@ mod client;
 mod creds;
 mod fdpass;
 mod server;
+mod socket;
 mod sys;
 
 use std::io::{self, Write};
@@ -19,6 +20,7 @@ pub use fdpass::{recv_with_fds, send_with_fds, FdPassError, MAX_FDS_PER_MESSAGE}
 pub use server::{
     Handler, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, DEFAULT_SOCKET_MODE,
 };
+pub use socket::{bind_socket, BindError, BoundSocket};
 
 /// A [`Write`] over a Unix stream that sends with `MSG_NOSIGNAL`, so that writing to a peer that
 /// went away returns `EPIPE` instead of raising `SIGPIPE` (which would kill a host process that

@@ -5,11 +5,11 @@
 //! decision about a request lives behind [`Handler`].
 
 use std::collections::HashMap;
-use std::fs::{self, Permissions};
+use std::fs;
 use std::io::{self, BufReader, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -24,6 +24,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tracing::{debug, error, info, warn};
 
 use super::creds::{AccessPolicy, PeerCred};
+use super::socket::{bind_socket, BindError, BoundSocket};
 use super::{is_disconnect, NoSigPipe};
 use crate::error_chain;
 use crate::frame::{encode_frame, read_frame, FrameError, DEFAULT_MAX_FRAME};
@@ -107,72 +108,15 @@ impl ServerConfig {
 /// Why the server could not be set up or stopped serving.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    /// Creating the socket's parent directory failed.
-    #[error("creating socket directory {path} failed")]
-    CreateDir {
-        /// The directory.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Looking at what already sits at the socket path failed.
-    #[error("inspecting {path} failed")]
-    Inspect {
+    /// Binding the socket failed (see [`BindError`]: a live server there, something that is not
+    /// a socket, permissions).
+    #[error(transparent)]
+    Bind(#[from] BindError),
+    /// Making the listener non-blocking failed.
+    #[error("configuring the listener on {path} failed")]
+    Configure {
         /// The socket path.
         path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Something other than a socket sits at the socket path; it is left alone.
-    #[error("{path} exists and is not a socket")]
-    NotASocket {
-        /// The socket path.
-        path: PathBuf,
-    },
-    /// Another server accepts connections on the socket path.
-    #[error("a server is already listening on {path}")]
-    InUse {
-        /// The socket path.
-        path: PathBuf,
-    },
-    /// Removing a stale socket file failed.
-    #[error("removing stale socket {path} failed")]
-    RemoveStale {
-        /// The socket path.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Binding or configuring the listening socket failed.
-    #[error("binding {path} failed")]
-    Bind {
-        /// The socket path.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Setting the socket file's mode failed.
-    #[error("setting mode {mode:o} on {path} failed")]
-    SetMode {
-        /// The socket path.
-        path: PathBuf,
-        /// The requested mode.
-        mode: u32,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// Setting the socket file's group failed.
-    #[error("setting group {gid} on {path} failed")]
-    SetGroup {
-        /// The socket path.
-        path: PathBuf,
-        /// The requested gid.
-        gid: u32,
         /// The I/O error.
         #[source]
         source: io::Error,
@@ -241,25 +185,12 @@ impl Server {
     /// Binds the socket described by `config`: creates the parent directory, removes a stale
     /// socket file left by a dead server, binds, then sets the mode and group.
     ///
-    /// Errors: [`ServerError::CreateDir`], [`ServerError::Inspect`],
-    /// [`ServerError::NotASocket`], [`ServerError::InUse`] (a live server answers there),
-    /// [`ServerError::RemoveStale`], [`ServerError::Bind`], [`ServerError::SetMode`],
-    /// [`ServerError::SetGroup`], [`ServerError::Pipe`].
+    /// Errors: [`ServerError::Bind`] (with a [`BindError`]: e.g. `InUse` when a live server
+    /// answers there, `NotASocket`), [`ServerError::Configure`], [`ServerError::Pipe`].
     pub fn bind(config: ServerConfig) -> Result<Server, ServerError> {
         let path = config.path;
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(|source| ServerError::CreateDir {
-                path: parent.to_owned(),
-                source,
-            })?;
-        }
-        remove_stale_socket(&path)?;
-        let listener = UnixListener::bind(&path).map_err(|source| ServerError::Bind {
-            path: path.clone(),
-            source,
-        })?;
-        let (identity, stop_rx, stop_tx) = configure(&listener, &path, config.mode, config.group)
-            .inspect_err(|_| {
+        let BoundSocket { listener, identity } = bind_socket(&path, config.mode, config.group)?;
+        let (stop_rx, stop_tx) = configure(&listener, &path).inspect_err(|_| {
             let _ = fs::remove_file(&path);
         })?;
         info!(path = %path.display(), mode = format_args!("{:o}", config.mode),
@@ -443,73 +374,16 @@ struct Shared {
     open: Mutex<HashMap<u64, UnixStream>>,
 }
 
-/// Removes a socket file left at `path` by a server that is gone; refuses to touch anything
-/// else.
-fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
-    let meta = match fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(ServerError::Inspect {
-                path: path.to_owned(),
-                source,
-            })
-        }
-    };
-    if !meta.file_type().is_socket() {
-        return Err(ServerError::NotASocket {
-            path: path.to_owned(),
-        });
-    }
-    if UnixStream::connect(path).is_ok() {
-        return Err(ServerError::InUse {
-            path: path.to_owned(),
-        });
-    }
-    fs::remove_file(path).map_err(|source| ServerError::RemoveStale {
-        path: path.to_owned(),
-        source,
-    })?;
-    debug!(path = %path.display(), "removed stale socket file");
-    Ok(())
-}
-
-/// Mode, group and non-blocking accept for a freshly bound listener, plus the shutdown pipe.
-fn configure(
-    listener: &UnixListener,
-    path: &Path,
-    mode: u32,
-    group: Option<u32>,
-) -> Result<((u64, u64), OwnedFd, OwnedFd), ServerError> {
-    fs::set_permissions(path, Permissions::from_mode(mode)).map_err(|source| {
-        ServerError::SetMode {
-            path: path.to_owned(),
-            mode,
-            source,
-        }
-    })?;
-    if let Some(gid) = group {
-        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|source| {
-            ServerError::SetGroup {
-                path: path.to_owned(),
-                gid,
-                source,
-            }
-        })?;
-    }
-    let meta = fs::symlink_metadata(path).map_err(|source| ServerError::Inspect {
-        path: path.to_owned(),
-        source,
-    })?;
+/// Non-blocking accept for a freshly bound listener, plus the shutdown pipe.
+fn configure(listener: &UnixListener, path: &Path) -> Result<(OwnedFd, OwnedFd), ServerError> {
     listener
         .set_nonblocking(true)
-        .map_err(|source| ServerError::Bind {
+        .map_err(|source| ServerError::Configure {
             path: path.to_owned(),
             source,
         })?;
-    let (stop_rx, stop_tx) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
-        .map_err(|source| ServerError::Pipe { source })?;
-    Ok(((meta.dev(), meta.ino()), stop_rx, stop_tx))
+    nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+        .map_err(|source| ServerError::Pipe { source })
 }
 
 fn handle_accept_error(path: &Path, err: &io::Error) {
