@@ -62,7 +62,7 @@ pub fn main(args: &[String]) -> i32 {
     // SAFETY: the agent passes this descriptor to the helper (dup2'ed before exec) and nothing
     // else in this process owns it.
     let mut status = unsafe { fs::File::from_raw_fd(status_fd) };
-    match run(&args, status_fd) {
+    match run(&args) {
         Ok(line) => {
             let _ = status.write_all(line.as_bytes());
             0
@@ -74,7 +74,7 @@ pub fn main(args: &[String]) -> i32 {
     }
 }
 
-fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
+fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
     let pid: i32 = args
         .one("--pid")
         .and_then(|s| s.parse().ok())
@@ -125,7 +125,7 @@ fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
     // run arbitrary code after fork.
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "action", e))? {
         ForkResult::Child => {
-            let err = action(cwd, command, &env, status_fd);
+            let err = action(cwd, command, &env);
             let _ = writeln!(std::io::stderr(), "belayer: {err}");
             // SAFETY: _exit ends the child immediately; always safe.
             unsafe { libc::_exit(127) }
@@ -135,7 +135,7 @@ fn run(args: &Args<'_>, status_fd: i32) -> Result<String, ExecHelperError> {
 }
 
 /// In the forked child: becomes the action process. Returns only on error.
-fn action(cwd: &str, command: &str, env: &[CString], status_fd: i32) -> SyscallError {
+fn action(cwd: &str, command: &str, env: &[CString]) -> SyscallError {
     let run = || -> Result<std::convert::Infallible, SyscallError> {
         setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
         let null =
@@ -146,7 +146,6 @@ fn action(cwd: &str, command: &str, env: &[CString], status_fd: i32) -> SyscallE
             return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
         }
         drop(null);
-        let _ = status_fd;
         sys::close_range(3, u32::MAX)?;
         chdir(cwd).map_err(|e| SyscallError::new("chdir", cwd, e))?;
         let argv = [

@@ -89,7 +89,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "sandbox init", e))? {
         ForkResult::Child => {
             drop(rd);
-            let err = child(Path::new(root), hostname, &env, wr.as_raw_fd_u32());
+            let err = child(Path::new(root), hostname, &env, std::os::fd::AsRawFd::as_raw_fd(&wr) as u32);
             let mut wr = fs::File::from(wr);
             let _ = write!(wr, "{}", err);
             // SAFETY: _exit is always safe; it ends the child without running destructors.
@@ -106,17 +106,6 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
                 Err(InitError::ChildSetup(msg))
             }
         }
-    }
-}
-
-trait RawU32 {
-    fn as_raw_fd_u32(&self) -> u32;
-}
-
-impl RawU32 for std::os::fd::OwnedFd {
-    fn as_raw_fd_u32(&self) -> u32 {
-        use std::os::fd::AsRawFd;
-        self.as_raw_fd() as u32
     }
 }
 
