@@ -17,6 +17,8 @@
 //! - [`report`]: the rollout report (`report.json`, `report.md`, SVG plots);
 //! - [`rollout`]: the rollout driver (`belayer rollout`) on recorded trajectories;
 //! - [`helper`]: single-threaded helper processes that create and enter namespaces;
+//! - [`handover`]: shadow workers, the five-step handover, the rollout router with token-level
+//!   context recovery, and the reference engine `belayer toy-engine`;
 //! - [`memory`]: memory servers owning model weights and the KV-cache arena, handing region
 //!   descriptors to workers ("State isolation");
 //! - [`trace`]: the sandbox tracer (crate `belayer-ebpf`): instant fail-stop detection,
@@ -35,6 +37,7 @@ pub mod cli;
 pub mod config;
 pub mod context;
 pub mod daemon;
+pub mod handover;
 pub mod helper;
 pub mod images;
 pub mod memory;

@@ -57,7 +57,8 @@ const BTF_PROGRAMS: &[(&str, &str)] = &[
 
 /// Raw syscall tracepoints counting file activity (x86_64 syscall numbers in the object).
 #[cfg(target_arch = "x86_64")]
-const FILE_PROGRAMS: &[(&str, &str)] = &[("on_sys_enter", "sys_enter"), ("on_sys_exit", "sys_exit")];
+const FILE_PROGRAMS: &[(&str, &str)] =
+    &[("on_sys_enter", "sys_enter"), ("on_sys_exit", "sys_exit")];
 /// No syscall table for this architecture in the object: no file counters.
 #[cfg(not(target_arch = "x86_64"))]
 const FILE_PROGRAMS: &[(&str, &str)] = &[];

@@ -22,6 +22,15 @@
 //! `cgroup.events` and the OOM-kill counter of the memory controller, polled. It logs one line
 //! saying why, and [`Tracer::kind`] reports it.
 //!
+//! Kernel requirements: BPF with BTF (`CONFIG_DEBUG_INFO_BTF`, `/sys/kernel/btf/vmlinux`), BPF
+//! ring buffers and BTF tracepoints (Linux ≥ 5.8), cgroup v2 mounted (ids are v2 cgroup inode
+//! numbers, also on hybrid hosts), CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN. The fallback needs
+//! `pidfd_open` and `waitid(P_PIDFD)` (Linux ≥ 5.4). Measured here (kernel 6.18, 2 cores):
+//! SIGKILL of a sandbox init → fault delivered in ≈ 0.3–0.6 ms with BPF, ≈ 8–14 ms with the
+//! fallback; each syscall costs ≈ 0.85 µs more inside a tracked cgroup (≈ 0.4 µs elsewhere:
+//! the raw syscall tracepoints run for every task), which is < 1 % of an untar of a source tree
+//! (`belayer bench tracer`) but ≈ 80 % of a loop of 64-byte `write`s.
+//!
 //! Dependencies: `aya` loads the clang-built object, applies its CO-RE relocations, attaches the
 //! programs and reads the maps; it is pure Rust (no libbpf to link) and 0.14 is the newest
 //! release that builds on the project's Rust 1.95. `libc` for `poll`, `pidfd_open` and

@@ -39,13 +39,27 @@ impl Scratch {
 
     /// Starts `sh -c script` inside the cgroup.
     fn spawn(&mut self, script: &str) -> u32 {
-        let procs = self.dir.join("cgroup.procs");
+        let procs = std::ffi::CString::new(
+            self.dir
+                .join("cgroup.procs")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c").arg(script);
-        // SAFETY: the closure only writes its own pid to a file with std (no locks held by other
-        // threads are needed: std::fs::write allocates, acceptable in this test-only child).
+        // SAFETY: the closure runs between fork and exec and only calls open, write and close
+        // (async-signal-safe, no allocation) on a path prepared before the fork; "0" moves the
+        // writing process itself.
         unsafe {
-            cmd.pre_exec(move || std::fs::write(&procs, std::process::id().to_string()));
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            });
         }
         let child = cmd.spawn().expect("spawn");
         let pid = child.id();

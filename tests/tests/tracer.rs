@@ -229,12 +229,17 @@ fn dirtiness(bpf: bool) {
     }
     // A process left running changes the sandbox; once it runs, reads stay clean; stopping it
     // (a pending fatal signal is enough) changes the sandbox again.
+    // (Only that process is killed: the sandbox init's own `sleep` must stay.)
     assert!(dirty("sleep 300 > /dev/null 2>&1 &"));
     assert!(!dirty("ls /work"));
     let bg = String::from_utf8(d.exec(&id, "pidof sleep").stdout).unwrap();
-    let bg: Vec<&str> = bg.split_whitespace().collect();
+    let bg = bg
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .max()
+        .expect("the background sleep");
     assert!(!dirty("pidof sleep"));
-    assert!(dirty(&format!("kill {}", bg.join(" "))));
+    assert!(dirty(&format!("kill {bg}")));
     assert!(!dirty("cat /work/seed"));
 }
 
@@ -317,8 +322,21 @@ fn rollout_report_counts_clean_skips() {
         .arg(&d.socket)
         .arg("rollout")
         .arg(dir.join("tbmini__new-encrypt-command__2025-08-15__16-23-45.jsonl"))
-        .args(["--policy", "adaptive", "--failure-rate", "0.1", "--seed", "3"])
-        .args(["--time-scale", "0.02", "--action-timeout", "10", "--no-overhead-run"])
+        .args([
+            "--policy",
+            "adaptive",
+            "--failure-rate",
+            "0.1",
+            "--seed",
+            "3",
+        ])
+        .args([
+            "--time-scale",
+            "0.02",
+            "--action-timeout",
+            "10",
+            "--no-overhead-run",
+        ])
         .arg("--image-rootfs")
         .arg(belayer_tests::python_rootfs())
         .arg("--out")

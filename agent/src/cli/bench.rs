@@ -45,6 +45,9 @@ pub enum BenchCmd {
     /// Sandbox tracer: kill → SandboxFailed latency (BPF, fallback) and the BPF overhead on a
     /// write-heavy action.
     Tracer(crate::trace::bench::TracerBenchArgs),
+    /// Worker handover: kill -9 of the main worker under streaming load, Belayer vs the
+    /// conventional baseline.
+    Handover(crate::handover::bench::HandoverBenchArgs),
 }
 
 /// Medians of one workload, milliseconds.
@@ -224,6 +227,7 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
         } => (runs, busybox_rootfs, python_rootfs, python_mb),
         BenchCmd::Memory(args) => return crate::memory::bench::run(&args, json),
         BenchCmd::Tracer(args) => return crate::trace::bench::run(&args, json),
+        BenchCmd::Handover(args) => return crate::handover::bench::run(&args, json),
     };
     if runs == 0 {
         bail!("--runs must be at least 1");

@@ -66,6 +66,10 @@ pub enum Command {
     Bench(bench::BenchCmd),
     /// Run a memory server owning model weights or the KV-cache arena (needs --socket).
     MemoryServer(crate::memory::cli::MemoryServerArgs),
+    /// Run the deterministic reference LLM engine (main or standby shadow worker).
+    ToyEngine(crate::handover::engine::EngineArgs),
+    /// Run the rollout router (and optionally supervise main + shadow workers per GPU).
+    Router(crate::handover::RouterArgs),
 }
 
 /// `belayer image ...`
@@ -255,6 +259,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Bench(cmd) => return bench::run(&cli.socket, cmd, cli.json),
         Command::Rollout(args) => return crate::rollout::run(&cli.socket, args, cli.json),
         Command::MemoryServer(args) => return crate::memory::cli::run(args, &cli.socket, cli.json),
+        Command::ToyEngine(args) => return crate::handover::engine::run(args),
+        Command::Router(args) => return crate::handover::run_router(args),
         other => other,
     };
     let mut c = connect(&cli.socket)?;
@@ -343,7 +349,11 @@ pub fn run(cli: Cli) -> Result<i32> {
                 tag: a.tag,
             },
         )?),
-        Command::Bench(_) | Command::Rollout(_) | Command::MemoryServer(_) => {}
+        Command::Bench(_)
+        | Command::Rollout(_)
+        | Command::MemoryServer(_)
+        | Command::ToyEngine(_)
+        | Command::Router(_) => {}
     }
     Ok(0)
 }
