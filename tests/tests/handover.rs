@@ -114,8 +114,9 @@ fn request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
 
 /// A streaming request; `on_token(count)` runs after each token.
 fn stream(addr: &str, prompt: &[u32], n: u32, mut on_token: impl FnMut(usize)) -> Vec<u32> {
-    let body = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": n}, "stream": true})
-        .to_string();
+    let body =
+        json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": n}, "stream": true})
+            .to_string();
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
@@ -163,7 +164,10 @@ fn alive(pid: i32) -> bool {
 fn kill9_mid_stream_resumes_every_token_once_twice_in_a_row() {
     let r = Router::start(1, &["--unhealthy-window-ms", "0"]);
     let prompts: Vec<Vec<u32>> = (0..3).map(|i| vec![i, 42, 7]).collect();
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| stream(&r.addr, p, 300, |_| {})).collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| stream(&r.addr, p, 300, |_| {}))
+        .collect();
     for round in 0..2 {
         let epoch = r.epoch(0);
         let pid = r.main_pid(0);
@@ -220,7 +224,10 @@ fn sigstop_hang_is_taken_over_and_the_old_worker_never_delivers() {
     signal(pid, libc::SIGSTOP);
     r.wait_epoch_change(0, epoch);
     let took = stopped.elapsed();
-    assert!(took >= Duration::from_millis(250), "took over after {took:?}");
+    assert!(
+        took >= Duration::from_millis(250),
+        "took over after {took:?}"
+    );
     // The old worker continues (if it still exists): it must not reach the client.
     let _ = unsafe_sigcont(pid);
     assert_eq!(client.join().unwrap(), want);
@@ -237,7 +244,10 @@ fn unsafe_sigcont(pid: i32) -> i32 {
 fn repeated_failure_marks_the_gpu_unhealthy_and_redistributes() {
     let r = Router::start(2, &[]);
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| vec![i, 1, 1]).collect();
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| stream(&r.addr, p, 400, |_| {})).collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| stream(&r.addr, p, 400, |_| {}))
+        .collect();
     let (tx, rx) = std::sync::mpsc::channel();
     let clients: Vec<_> = prompts
         .iter()
@@ -268,7 +278,10 @@ fn repeated_failure_marks_the_gpu_unhealthy_and_redistributes() {
     assert_eq!(e["engines"][0]["healthy"], false, "{e}");
     assert_eq!(e["engines"][1]["healthy"], true, "{e}");
     assert!(
-        e["alerts"][0].as_str().unwrap().contains("gpu0 marked unhealthy"),
+        e["alerts"][0]
+            .as_str()
+            .unwrap()
+            .contains("gpu0 marked unhealthy"),
         "{e}"
     );
     // New requests go to the healthy GPU only.
@@ -284,19 +297,35 @@ fn router_input_errors_are_clear_and_nothing_leaks() {
     let (s, b) = request(&r.addr, "POST", "/generate", r#"{"input_ids": []}"#);
     assert_eq!(s, 400);
     assert!(b.contains("input_ids is empty"), "{b}");
-    let (s, b) = request(&r.addr, "POST", "/unregister", r#"{"gpu": "gpu7", "epoch": 1}"#);
+    let (s, b) = request(
+        &r.addr,
+        "POST",
+        "/unregister",
+        r#"{"gpu": "gpu7", "epoch": 1}"#,
+    );
     assert_eq!(s, 404);
     assert!(b.contains("unknown engine gpu7 epoch 1"), "{b}");
-    let (s, b) = request(&r.addr, "POST", "/register", r#"{"gpu": "g", "addr": "nope"}"#);
+    let (s, b) = request(
+        &r.addr,
+        "POST",
+        "/register",
+        r#"{"gpu": "g", "addr": "nope"}"#,
+    );
     assert_eq!(s, 400, "{b}");
     let (s, _) = request(&r.addr, "GET", "/nope", "");
     assert_eq!(s, 404);
     // Client disconnect mid-stream: the request is dropped, its load released.
     for _ in 0..3 {
-        let body = json!({"input_ids": [5], "sampling_params": {"max_new_tokens": 5000}, "stream": true})
-            .to_string();
+        let body =
+            json!({"input_ids": [5], "sampling_params": {"max_new_tokens": 5000}, "stream": true})
+                .to_string();
         let mut s = TcpStream::connect(&r.addr).unwrap();
-        write!(s, "POST /generate HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(
+            s,
+            "POST /generate HTTP/1.1\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
         let mut buf = [0u8; 256];
         let _ = s.read(&mut buf).unwrap();
     }
@@ -315,7 +344,10 @@ fn a_live_stale_engine_is_fenced_by_epoch() {
     let r = Router::start(1, &[]);
     let prompt = vec![3u32, 1, 4];
     let want = stream(&r.addr, &prompt, 400, |_| {});
-    let stale = r.engines()["engines"][0]["addr"].as_str().unwrap().to_owned();
+    let stale = r.engines()["engines"][0]["addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let stale_pid = r.main_pid(0);
     let (tx, rx) = std::sync::mpsc::channel();
     let (addr, p) = (r.addr.clone(), prompt.clone());
@@ -342,3 +374,26 @@ fn a_live_stale_engine_is_fenced_by_epoch() {
     assert!(e["resumed"].as_u64().unwrap() >= 1, "{e}");
 }
 
+/// Conventional recovery in the same harness: health-check timeout, engine restart from
+/// scratch, regeneration from the start; the client still sees every token once and in order.
+#[test]
+fn conventional_recovery_regenerates_without_duplicates() {
+    let r = Router::start(1, &["--conventional", "--baseline-timeout-ms", "300"]);
+    let prompt = vec![2u32, 7, 1];
+    let want = stream(&r.addr, &prompt, 300, |_| {});
+    let epoch = r.epoch(0);
+    let pid = r.main_pid(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (addr, p) = (r.addr.clone(), prompt.clone());
+    let client = std::thread::spawn(move || {
+        stream(&addr, &p, 300, |n| {
+            if n == 100 {
+                let _ = tx.send(());
+            }
+        })
+    });
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    signal(pid, libc::SIGKILL);
+    assert_eq!(client.join().unwrap(), want);
+    assert!(r.epoch(0) > epoch);
+}

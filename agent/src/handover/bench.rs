@@ -127,6 +127,7 @@ fn run_mode(args: &HandoverBenchArgs, shadow: bool, trials: usize) -> Result<Mod
             baseline_timeout_ms: (30_000.0 * args.time_scale).max(1.0) as u64,
             unhealthy_window_ms: 0,
             weights_bytes: weights_len,
+            device: belayer_ipc::memory::Backend::Host,
             on_handover: None,
         },
     )?;
@@ -155,8 +156,12 @@ fn run_mode(args: &HandoverBenchArgs, shadow: bool, trials: usize) -> Result<Mod
         let clients: Vec<_> = (0..args.concurrency)
             .map(|c| {
                 let prompt = vec![trial as u32, c as u32, 7];
-                let (addr, seen, arrivals, n) =
-                    (addr.clone(), Arc::clone(&seen), Arc::clone(&arrivals), args.tokens);
+                let (addr, seen, arrivals, n) = (
+                    addr.clone(),
+                    Arc::clone(&seen),
+                    Arc::clone(&arrivals),
+                    args.tokens,
+                );
                 std::thread::spawn(move || {
                     let mut on = |_: usize, _: u32| {
                         if c == 0 {
@@ -166,7 +171,10 @@ fn run_mode(args: &HandoverBenchArgs, shadow: bool, trials: usize) -> Result<Mod
                             a.push(Instant::now());
                         }
                     };
-                    (prompt.clone(), stream_generate(&addr, &prompt, n, None, &mut on))
+                    (
+                        prompt.clone(),
+                        stream_generate(&addr, &prompt, n, None, &mut on),
+                    )
                 })
             })
             .collect();
@@ -181,11 +189,7 @@ fn run_mode(args: &HandoverBenchArgs, shadow: bool, trials: usize) -> Result<Mod
             let want = reference(&weights, &prompt, args.tokens as usize);
             match got {
                 Ok(got) => {
-                    mismatches += want
-                        .iter()
-                        .zip(&got)
-                        .filter(|(a, b)| a != b)
-                        .count()
+                    mismatches += want.iter().zip(&got).filter(|(a, b)| a != b).count()
                         + want.len().abs_diff(got.len());
                 }
                 Err(e) => {
@@ -194,9 +198,17 @@ fn run_mode(args: &HandoverBenchArgs, shadow: bool, trials: usize) -> Result<Mod
                 }
             }
         }
-        let failures = pool.failures();
-        let Some(f) = failures.get(failures_before) else {
-            bail!("trial {trial}: the kill was not detected");
+        // The monitor records a failure once its new shadow is prepared, which may be after
+        // the clients finished.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let f = loop {
+            if let Some(f) = pool.failures().get(failures_before) {
+                break f.clone();
+            }
+            if Instant::now() > deadline {
+                bail!("trial {trial}: the kill was not detected");
+            }
+            std::thread::sleep(Duration::from_millis(1));
         };
         detect.push((f.detected - killed).as_secs_f64() * 1e3);
         let arrivals = arrivals.lock().map(|a| a.clone()).unwrap_or_default();
@@ -229,10 +241,11 @@ fn tempfile_dir() -> Result<TempDir> {
     let path = std::env::temp_dir().join(format!(
         "belayer-handover-{}-{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos() ^ (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0))
+        Instant::now().elapsed().as_nanos()
+            ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0))
     ));
     std::fs::create_dir_all(&path).with_context(|| format!("{}", path.display()))?;
     Ok(TempDir { path })
@@ -260,7 +273,14 @@ pub fn run(args: &HandoverBenchArgs, json: bool) -> Result<i32> {
     } else {
         println!(
             "{:<12} {:>6} {:>10} {:>10} {:>10} {:>12} {:>12} {:>11}",
-            "mode", "trials", "mismatch", "detect p50", "detect p99", "1st tok p50", "1st tok p99", "regenerated"
+            "mode",
+            "trials",
+            "mismatch",
+            "detect p50",
+            "detect p99",
+            "1st tok p50",
+            "1st tok p99",
+            "regenerated"
         );
         for (name, m) in [("belayer", &belayer), ("conventional", &r.baseline)] {
             println!(
@@ -276,11 +296,13 @@ pub fn run(args: &HandoverBenchArgs, json: bool) -> Result<i32> {
             );
         }
     }
-    Ok(if r.token_mismatches == 0 && r.baseline.token_mismatches == 0 {
-        0
-    } else {
-        1
-    })
+    Ok(
+        if r.token_mismatches == 0 && r.baseline.token_mismatches == 0 {
+            0
+        } else {
+            1
+        },
+    )
 }
 
 #[cfg(test)]

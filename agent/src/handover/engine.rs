@@ -82,12 +82,21 @@ pub struct EngineArgs {
     /// from scratch).
     #[arg(long)]
     pub load_weights: bool,
+    /// Device of the placeholder buffer and of the handover health check: `host` or `cuda:N`
+    /// (must match the memory servers' backend).
+    #[arg(long, default_value = "host", value_parser = parse_device)]
+    pub device: Backend,
     /// Start as a standby shadow worker.
     #[arg(long, requires = "flag")]
     pub standby: bool,
     /// Handover flag file polled in standby.
     #[arg(long)]
     pub flag: Option<PathBuf>,
+}
+
+fn parse_device(s: &str) -> std::result::Result<Backend, String> {
+    s.parse()
+        .map_err(|e: belayer_ipc::memory::message::BadDevice| e.to_string())
 }
 
 /// The deterministic weights of `len` bytes.
@@ -220,7 +229,10 @@ impl Engine {
         b.copy_from_slice(&h.as_bytes()[..8]);
         let block = u64::from_le_bytes(b) % self.kv_blocks;
         let off = block * self.kv_block + (index as u64 * 4) % self.kv_block.max(4);
-        let mut kv = self.kv.lock().map_err(|_| anyhow::anyhow!("kv lock poisoned"))?;
+        let mut kv = self
+            .kv
+            .lock()
+            .map_err(|_| anyhow::anyhow!("kv lock poisoned"))?;
         kv.write(
             belayer_ipc::memory::layout::DEFAULT_KV_NAME,
             off.min(self.kv_block * self.kv_blocks - 4),
@@ -357,7 +369,7 @@ pub fn run(args: EngineArgs) -> Result<i32> {
     }
     let mut kc = connect(&args.kv_socket)?;
     let mut placeholder =
-        Placeholder::new(Backend::Host, args.placeholder_bytes).context("placeholder buffer")?;
+        Placeholder::new(args.device, args.placeholder_bytes).context("placeholder buffer")?;
     let listener = TcpListener::bind("127.0.0.1:0").context("binding 127.0.0.1:0")?;
     let port = listener.local_addr().context("local address")?.port();
     let pid = std::process::id();
@@ -373,8 +385,12 @@ pub fn run(args: EngineArgs) -> Result<i32> {
         while !flag.exists() {
             std::thread::sleep(FLAG_POLL);
         }
-        // (2) health check: memory servers alive and answering; KV flush.
+        // (2) health check: the GPU (a lightweight CUDA operation), memory servers alive and
+        // answering; KV flush.
         let t = Instant::now();
+        if let Backend::Cuda { device } = args.device {
+            belayer_ipc::memory::cuda::health_check(device).context("gpu health check")?;
+        }
         wc.owner_alive().context("weights server owner")?;
         kc.owner_alive().context("kv server owner")?;
         wc.ping().context("weights server ping")?;

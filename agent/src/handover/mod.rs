@@ -61,9 +61,18 @@ pub struct RouterArgs {
     /// Conventional health-check timeout, ms (paper: 30 s).
     #[arg(long, default_value_t = 30_000)]
     pub baseline_timeout_ms: u64,
+    /// Backend of the supervised memory servers and engines: `host` or `cuda:N` (GPU i of
+    /// the pool is `cuda:N+i`).
+    #[arg(long, default_value = "host", value_parser = parse_device)]
+    pub device: belayer_ipc::memory::Backend,
     /// How long a request waits for an engine, ms.
     #[arg(long, default_value_t = 120_000)]
     pub wait_ms: u64,
+}
+
+fn parse_device(s: &str) -> std::result::Result<belayer_ipc::memory::Backend, String> {
+    s.parse()
+        .map_err(|e: belayer_ipc::memory::message::BadDevice| e.to_string())
 }
 
 /// Runs `belayer router` until killed; prints `listening ADDR` once it accepts.
@@ -91,12 +100,10 @@ pub fn run_router(args: RouterArgs) -> Result<i32> {
         wait_ms: args.wait_ms,
         context_log: args.context_log.clone(),
     })?;
-    let listener = TcpListener::bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
+    let listener =
+        TcpListener::bind(args.listen).with_context(|| format!("binding {}", args.listen))?;
     let _pool = if args.gpus > 0 {
-        let dir = args
-            .state_dir
-            .clone()
-            .context("--gpus needs --state-dir")?;
+        let dir = args.state_dir.clone().context("--gpus needs --state-dir")?;
         Some(workers::Pool::start(
             &router,
             workers::PoolConfig {
@@ -109,8 +116,12 @@ pub fn run_router(args: RouterArgs) -> Result<i32> {
                 baseline_timeout_ms: args.baseline_timeout_ms,
                 unhealthy_window_ms: args.unhealthy_window_ms,
                 weights_bytes: 1 << 20,
+                device: args.device,
                 on_handover: Some(Arc::new(|gpu: &str| {
-                    tracing::info!(gpu, "communication groups to be re-established before the next weight update");
+                    tracing::info!(
+                        gpu,
+                        "communication groups to be re-established before the next weight update"
+                    );
                 })),
             },
         )?)

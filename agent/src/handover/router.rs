@@ -228,7 +228,11 @@ impl Router {
             *fence = u64::MAX;
         }
         let alert = format!("gpu {gpu} marked unhealthy: {reason}");
-        tracing::error!(gpu, reason, "ALERT gpu marked unhealthy, manual intervention needed");
+        tracing::error!(
+            gpu,
+            reason,
+            "ALERT gpu marked unhealthy, manual intervention needed"
+        );
         st.alerts.push(alert);
         drop(st);
         self.changed.notify_all();
@@ -365,7 +369,11 @@ impl Router {
         recorded: &mut Vec<u32>,
         sink: &mut dyn FnMut(usize, u32) -> bool,
     ) -> Outcome {
-        let base = if self.config.resume { recorded.len() } else { 0 };
+        let base = if self.config.resume {
+            recorded.len()
+        } else {
+            0
+        };
         let mut input = prompt.to_vec();
         input.extend_from_slice(&recorded[..base]);
         let body = json!({
@@ -446,7 +454,7 @@ impl Router {
             }
             drop(guard);
             recorded.push(token);
-            if recorded.len() % self.config.token_interval == 0 {
+            if recorded.len().is_multiple_of(self.config.token_interval) {
                 self.persist(rid, recorded);
             }
         }
@@ -522,7 +530,7 @@ impl Router {
             }
         };
         self.release(&gpu);
-        if recorded.len() % self.config.token_interval != 0 && recorded.len() == target {
+        if !recorded.len().is_multiple_of(self.config.token_interval) && recorded.len() == target {
             self.persist(&rid, &recorded);
         }
         result.map(|()| recorded)
@@ -721,6 +729,24 @@ mod tests {
         r.mark_unhealthy("g0", "test");
         assert_eq!(r.alerts().len(), 1);
         assert!(!r.slots()[0].healthy);
+    }
+
+    #[test]
+    fn prefixes_are_persisted_in_the_context_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctx.log");
+        let r = Router::new(RouterConfig {
+            context_log: Some(path.clone()),
+            ..RouterConfig::default()
+        })
+        .unwrap();
+        r.persist("r1", &[1, 2]);
+        r.persist("r1", &[1, 2, 3, 4]);
+        assert_eq!(r.persisted_prefix("r1").unwrap(), vec![1, 2, 3, 4]);
+        assert_eq!(r.persisted_prefix("r2"), None);
+        drop(r);
+        let (log, _) = ContextLog::open(&path).unwrap();
+        assert_eq!(log.longest_token_prefix("r1", "r1").unwrap(), &[1, 2, 3, 4]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::io::{BufReader, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -33,6 +33,9 @@ use belayer_ipc::memory::{Backend, Role};
 use super::engine::read_status_line;
 use super::router::Router;
 use crate::memory::process::ServerProcess;
+
+/// Hook run with the GPU name after each handover.
+pub type HandoverHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Supervisor configuration.
 #[derive(Clone)]
@@ -55,8 +58,11 @@ pub struct PoolConfig {
     pub unhealthy_window_ms: u64,
     /// Weights region size, bytes.
     pub weights_bytes: u64,
+    /// Backend of the memory servers and engines: `host`, or `cuda:N` (GPU i of the pool is
+    /// then `cuda:N+i`).
+    pub device: Backend,
     /// Hook run after each handover (re-establish communication groups).
-    pub on_handover: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    pub on_handover: Option<HandoverHook>,
 }
 
 impl std::fmt::Debug for PoolConfig {
@@ -119,7 +125,6 @@ struct GpuState {
     epoch: u64,
     last_handover: Option<Instant>,
     healthy: bool,
-    generation: u64,
 }
 
 #[derive(Debug)]
@@ -128,6 +133,9 @@ struct Gpu {
     dir: PathBuf,
     weights: ServerProcess,
     kv: ServerProcess,
+    device: Backend,
+    /// Worker generation counter (file names); outside `state`, which spawns happen under.
+    generation: AtomicU64,
     state: Mutex<GpuState>,
 }
 
@@ -154,10 +162,7 @@ fn layout_files(dir: &Path, weights_bytes: u64) -> Result<(PathBuf, PathBuf)> {
 
 impl Gpu {
     fn spawn_worker(&self, cfg: &PoolConfig, standby: bool, load: bool) -> Result<Worker> {
-        let mut st_gen = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st_gen.generation += 1;
-        let g = st_gen.generation;
-        drop(st_gen);
+        let g = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let heartbeat = self.dir.join(format!("heartbeat-{g}"));
         let flag = self.dir.join(format!("handover-{g}"));
         let _ = std::fs::remove_file(&flag);
@@ -175,6 +180,7 @@ impl Gpu {
             .arg("--heartbeat")
             .arg(&heartbeat)
             .args(["--token-ms", &cfg.token_ms.to_string()])
+            .args(["--device", &self.device.to_string()])
             .arg("--flag")
             .arg(&flag);
         if standby {
@@ -229,8 +235,7 @@ fn health_ok(addr: &str) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s
-        .write_all(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    if s.write_all(b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
         .is_err()
     {
         return false;
@@ -251,29 +256,36 @@ impl Pool {
             let dir = cfg.dir.join(&name);
             std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
             let (wl, kl) = layout_files(&dir, cfg.weights_bytes)?;
+            let device = match cfg.device {
+                Backend::Host => Backend::Host,
+                Backend::Cuda { device } => Backend::Cuda {
+                    device: device + i as i32,
+                },
+            };
             let weights = ServerProcess::spawn(
                 &cfg.exe,
                 Role::Weights,
-                Backend::Host,
+                device,
                 &wl,
                 &dir.join("weights.sock"),
                 &[],
             )?;
             let kv =
-                ServerProcess::spawn(&cfg.exe, Role::Kv, Backend::Host, &kl, &dir.join("kv.sock"), &[])?;
+                ServerProcess::spawn(&cfg.exe, Role::Kv, device, &kl, &dir.join("kv.sock"), &[])?;
             let gpu = Arc::new(Gpu {
                 name: name.clone(),
                 dir,
                 weights,
                 kv,
+                device,
                 state: Mutex::new(GpuState {
                     main: None,
                     shadow: None,
                     epoch: 0,
                     last_handover: None,
                     healthy: true,
-                    generation: 0,
                 }),
+                generation: AtomicU64::new(0),
             });
             let main = gpu.spawn_worker(&cfg, false, true)?;
             let shadow = if cfg.shadow {
@@ -414,7 +426,10 @@ fn monitor(
             drop(st);
             router.mark_unhealthy(
                 &gpu.name,
-                &format!("repeated failure ({kind}) within {} ms", cfg.unhealthy_window_ms),
+                &format!(
+                    "repeated failure ({kind}) within {} ms",
+                    cfg.unhealthy_window_ms
+                ),
             );
             if let Ok(mut f) = failures.lock() {
                 f.push(record);
@@ -441,7 +456,9 @@ fn monitor(
                         Ok(s) => {
                             gpu.state.lock().unwrap_or_else(|e| e.into_inner()).shadow = Some(s)
                         }
-                        Err(e) => tracing::error!(gpu = gpu.name, error = %e, "preparing a new shadow failed"),
+                        Err(e) => {
+                            tracing::error!(gpu = gpu.name, error = %e, "preparing a new shadow failed")
+                        }
                     }
                 }
                 last_ok = Instant::now();

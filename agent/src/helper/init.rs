@@ -89,7 +89,12 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "sandbox init", e))? {
         ForkResult::Child => {
             drop(rd);
-            let err = child(Path::new(root), hostname, &env, std::os::fd::AsRawFd::as_raw_fd(&wr) as u32);
+            let err = child(
+                Path::new(root),
+                hostname,
+                &env,
+                std::os::fd::AsRawFd::as_raw_fd(&wr) as u32,
+            );
             let mut wr = fs::File::from(wr);
             let _ = write!(wr, "{}", err);
             // SAFETY: _exit is always safe; it ends the child without running destructors.
