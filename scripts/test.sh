@@ -43,5 +43,5 @@ step cargo build --workspace --bins
 # libbelayer.so/.a (the C ABI); its tests also regenerate include/belayer.h with cbindgen and fail
 # when the checked-in header differs (tests/header.rs).
 step cargo build -p belayer-capi
-step cargo test --workspace "$@"
+step cargo test --workspace --no-fail-fast "$@"
 step python_tests

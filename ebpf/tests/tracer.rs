@@ -47,7 +47,13 @@ impl Scratch {
         )
         .unwrap();
         let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c").arg(script);
+        // Output to /dev/null: the test harness's stdout may be a regular file (a CI log), and
+        // writes to it would count as file activity.
+        cmd.arg("-c")
+            .arg(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
         // SAFETY: the closure runs between fork and exec and only calls open, write and close
         // (async-signal-safe, no allocation) on a path prepared before the fork; "0" moves the
         // writing process itself.
