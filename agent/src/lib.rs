@@ -25,11 +25,16 @@
 //!   infrastructure-fault classification and per-action dirtiness;
 //! - [`config`], [`runtime`], [`sys`].
 //!
-//! Dependencies and why: `belayer-ipc` (protocol), `belayer-overlay` (upper-layer capture and
-//! install), `belayer-criu` (CRIU dump/restore), `belayer-ebpf` (the sandbox tracer), `nix`/`rustix`/`libc` (namespaces, mounts,
-//! pidfds), `serde`/`serde_json`/`toml` (state files, manifests, config, CLI JSON), `blake3`
-//! (artifact digests), `tar`/`flate2`/`zstd` (image import), `clap` (CLI), `thiserror`
-//! (typed errors), `tracing`/`tracing-subscriber` (logs), `anyhow` (binaries only).
+//! Dependencies and why: `belayer-ipc` (protocol, client, memory-server worker side),
+//! `belayer-overlay` (upper-layer capture and install), `belayer-criu` (CRIU dump/restore),
+//! `belayer-ebpf` (the sandbox tracer), `nix`/`rustix`/`libc` (namespaces, mounts, pidfds,
+//! signals), `serde`/`serde_json`/`toml` (state files, manifests, config, CLI JSON), `blake3`
+//! (artifact and record digests, seeded failure schedule), `bincode` + `crc32fast` +
+//! `serde_bytes` (context-log records: the protocol's encoding, a checksum per record, byte
+//! fields as blobs), `tar`/`flate2`/`zstd` (image import), `plotters` (SVG plots of the rollout
+//! report, no system fonts needed), `indicatif` (rollout progress bars), `clap` (CLI),
+//! `thiserror` (typed errors), `tracing`/`tracing-subscriber` (logs), `anyhow` (CLI and binaries
+//! only).
 #![warn(missing_docs)]
 
 pub mod cgroup;
