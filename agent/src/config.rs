@@ -36,6 +36,9 @@ pub struct Config {
     pub cgroup_parent: String,
     /// Honour test-fault hooks in checkpoint requests (tests only).
     pub test_hooks: bool,
+    /// `pids.max` of sandboxes whose spec sets none (a fork bomb must not exhaust the host's
+    /// pids); 0 = unlimited.
+    pub default_pids_max: u64,
     /// Do not load the BPF sandbox tracer; use the pidfd/cgroup fallback (`--no-bpf`).
     pub no_bpf: bool,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
@@ -56,6 +59,7 @@ impl Default for Config {
             freeze_timeout_ms: 10_000,
             cgroup_parent: "belayer".to_string(),
             test_hooks: false,
+            default_pids_max: 4096,
             no_bpf: false,
             memory_servers: Vec::new(),
         }

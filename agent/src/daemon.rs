@@ -48,6 +48,15 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// Another agent holds the state dir.
+    #[error("state dir {path} is in use by another belayerd")]
+    Locked {
+        /// The state dir.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The image store cannot be opened.
     #[error(transparent)]
     Images(#[from] crate::images::ImageError),
@@ -65,6 +74,8 @@ pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
 /// The agent: runtime plus sandbox registry.
 #[derive(Debug)]
 pub struct Agent {
+    /// Exclusive lock on `state_dir/belayerd.lock`, held for the agent's life.
+    _lock: fs::File,
     rt: Runtime,
     sandboxes: Mutex<HashMap<String, Arc<SandboxSlot>>>,
     /// Subscribers of daemon events (`Request::Subscribe`, [`Agent::subscribe`]).
@@ -120,6 +131,19 @@ impl Agent {
                 source,
             }
         })?;
+        // Sandbox content (setuid files in upper layers, memory images, LLM contexts) is
+        // reachable through the state dir: only root may enter it.
+        fs::set_permissions(
+            &config.state_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )
+        .map_err(|source| StartError::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        })?;
+        // One agent per state dir: a second one would adopt (and clean up after) sandboxes the
+        // first is working on.
+        let lock = lock_state_dir(&config.state_dir)?;
         let images = ImageStore::open(&config.state_dir)?;
         let helper_exe = crate::helper::self_exe().map_err(|source| StartError::StateDir {
             path: "/proc/self/exe".into(),
@@ -129,6 +153,7 @@ impl Agent {
         let tracer =
             crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
         let agent = Arc::new(Agent {
+            _lock: lock,
             events: EventBus::default(),
             policies: Policies::default(),
             contexts,
@@ -556,6 +581,27 @@ impl Agent {
             }),
         }
     }
+}
+
+/// Takes an exclusive, non-blocking `flock` on `state_dir/belayerd.lock`.
+fn lock_state_dir(state_dir: &std::path::Path) -> Result<fs::File, StartError> {
+    let path = state_dir.join("belayerd.lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| StartError::StateDir {
+            path: path.clone(),
+            source,
+        })?;
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |e| StartError::Locked {
+            path: state_dir.to_path_buf(),
+            source: e.into(),
+        },
+    )?;
+    Ok(file)
 }
 
 /// Waits (bounded) until no `criu dump --tree <pid>` process is left running.

@@ -4,6 +4,12 @@ use clap::Parser;
 
 fn main() {
     belayer_agent::helper::dispatch();
+    // Like any Unix filter, end quietly when the reader of our output goes away
+    // (`belayer sandbox ls | head`) instead of panicking in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = belayer_agent::cli::Cli::parse();
     // A rollout injects failures on purpose: the embedded agent's warnings about them would
     // only bury the progress bars.

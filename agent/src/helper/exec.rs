@@ -147,6 +147,13 @@ fn action(cwd: &str, command: &str, env: &[CString]) -> SyscallError {
         }
         drop(null);
         sys::close_range(3, u32::MAX)?;
+        super::drop_capabilities().map_err(|e| {
+            SyscallError::io(
+                "capset",
+                "sandbox capabilities",
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
         chdir(cwd).map_err(|e| SyscallError::new("chdir", cwd, e))?;
         let argv = [
             CString::from(c"sh"),

@@ -44,6 +44,9 @@ pub enum InitError {
     /// A syscall failed in the helper.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// Dropping capabilities failed.
+    #[error(transparent)]
+    Capabilities(#[from] super::CapabilityError),
     /// The sandbox init failed while setting up its namespaces.
     #[error("sandbox init setup failed: {0}")]
     ChildSetup(String),
@@ -153,6 +156,24 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
         none,
     )
     .map_err(|e| SyscallError::new("mount", "/proc", e))?;
+    // Root in the sandbox must not reach host-wide kernel settings through /proc: /proc/sys is
+    // read-only. (/proc/sysrq-trigger, where the kernel has it, is masked once /dev exists.)
+    mount(
+        Some("/proc/sys"),
+        "/proc/sys",
+        none,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        none,
+    )
+    .map_err(|e| SyscallError::new("mount", "/proc/sys", e))?;
+    mount(
+        none,
+        "/proc/sys",
+        none,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
+        none,
+    )
+    .map_err(|e| SyscallError::new("mount", "/proc/sys read-only", e))?;
     ensure_dir("/dev", 0o755)?;
     mount(
         Some("tmpfs"),
@@ -189,6 +210,16 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
             .map_err(|e| SyscallError::io("symlink", link, e))?;
     }
     fs::create_dir("/dev/shm").map_err(|e| SyscallError::io("mkdir", "/dev/shm", e))?;
+    if Path::new("/proc/sysrq-trigger").exists() {
+        mount(
+            Some("/dev/null"),
+            "/proc/sysrq-trigger",
+            none,
+            MsFlags::MS_BIND,
+            none,
+        )
+        .map_err(|e| SyscallError::new("mount", "/dev/null on /proc/sysrq-trigger", e))?;
+    }
     fs::set_permissions(
         "/dev/shm",
         std::os::unix::fs::PermissionsExt::from_mode(0o1777),
@@ -209,6 +240,7 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
     }
     sys::close_range(status_fd + 1, u32::MAX)?;
     setsid().map_err(|e| SyscallError::new("setsid", "sandbox init", e))?;
+    super::drop_capabilities()?;
     Ok(())
 }
 

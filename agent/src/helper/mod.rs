@@ -67,6 +67,64 @@ pub struct JoinCgroupError {
     pub source: std::io::Error,
 }
 
+/// Capabilities a sandbox keeps (the usual container default set, without `CAP_MKNOD`, as
+/// sandboxes have no device cgroup). Everything else — `CAP_SYS_ADMIN` (mounts, cgroup escape),
+/// `CAP_SYS_TIME`, `CAP_SYSLOG`, `CAP_SYS_MODULE`, `CAP_SYS_RAWIO`, `CAP_BPF`, ... — is dropped
+/// from every set, the bounding set included, before the sandbox runs anything.
+pub const SANDBOX_CAPABILITIES: &[caps::Capability] = &[
+    caps::Capability::CAP_CHOWN,
+    caps::Capability::CAP_DAC_OVERRIDE,
+    caps::Capability::CAP_FSETID,
+    caps::Capability::CAP_FOWNER,
+    caps::Capability::CAP_NET_RAW,
+    caps::Capability::CAP_SETGID,
+    caps::Capability::CAP_SETUID,
+    caps::Capability::CAP_SETFCAP,
+    caps::Capability::CAP_SETPCAP,
+    caps::Capability::CAP_NET_BIND_SERVICE,
+    caps::Capability::CAP_SYS_CHROOT,
+    caps::Capability::CAP_KILL,
+    caps::Capability::CAP_AUDIT_WRITE,
+];
+
+/// Dropping capabilities failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot drop capabilities ({set})")]
+pub struct CapabilityError {
+    /// Which set.
+    pub set: &'static str,
+    /// Cause.
+    #[source]
+    pub source: caps::errors::CapsError,
+}
+
+/// Restricts the calling process to [`SANDBOX_CAPABILITIES`]: bounding set first (needs
+/// `CAP_SETPCAP`, kept), then inheritable, permitted and effective; ambient cleared.
+pub(crate) fn drop_capabilities() -> Result<(), CapabilityError> {
+    use caps::CapSet;
+    let keep: caps::CapsHashSet = SANDBOX_CAPABILITIES.iter().copied().collect();
+    for cap in caps::all() {
+        if !keep.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap).map_err(|source| CapabilityError {
+                set: "bounding",
+                source,
+            })?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient).map_err(|source| CapabilityError {
+        set: "ambient",
+        source,
+    })?;
+    for (set, name) in [
+        (CapSet::Inheritable, "inheritable"),
+        (CapSet::Effective, "effective"),
+        (CapSet::Permitted, "permitted"),
+    ] {
+        caps::set(None, set, &keep).map_err(|source| CapabilityError { set: name, source })?;
+    }
+    Ok(())
+}
+
 /// Returns the value after `--name` in `args`, and every value for repeated flags.
 pub(crate) struct Args<'a> {
     args: &'a [String],

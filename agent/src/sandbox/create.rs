@@ -76,7 +76,10 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
 }
 
 /// Creates and starts a sandbox from `spec`.
-pub fn create(rt: &Runtime, spec: SandboxSpec) -> Result<SandboxSlot, CreateError> {
+pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, CreateError> {
+    if spec.pids_max.is_none() && rt.config.default_pids_max > 0 {
+        spec.pids_max = Some(rt.config.default_pids_max);
+    }
     let lower = rt.images.rootfs(&spec.image)?;
     if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
         return Err(CreateError::InvalidSpec(format!(

@@ -131,7 +131,11 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         });
     }
     let (pid, start) = (rec.init_pid.unwrap_or(0), rec.init_start_time.unwrap_or(0));
-    let limit = req.output_limit.unwrap_or(rt.config.output_limit_bytes);
+    // Both outputs travel in one response frame: keep them well inside its maximum.
+    let limit = req
+        .output_limit
+        .unwrap_or(rt.config.output_limit_bytes)
+        .min(u64::from(rt.config.max_frame_bytes) / 4);
     let timeout_ms = req
         .timeout_ms
         .or_else(|| (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000));

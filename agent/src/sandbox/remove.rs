@@ -40,8 +40,16 @@ impl RemoveError {
 
 /// Removes the sandbox in `slot` (instances, cgroup, checkpoints, state).
 pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
-    let _op = slot.lock_op();
     let id = slot.record().id.clone();
+    // Kill first, without the verb lock: an action that never ends (or a stuck checkpoint)
+    // holds that lock, and removal must not wait for it.
+    let cgroup = slot.record().cgroup.clone();
+    if let Ok(cg) = crate::cgroup::SandboxCgroup::open(&cgroup) {
+        if let Err(e) = cg.kill_all(std::time::Duration::from_secs(10)) {
+            tracing::warn!(sandbox = %id, error = %e, "cannot kill sandbox before removal");
+        }
+    }
+    let _op = slot.lock_op();
     teardown(slot).map_err(|source| RemoveError::Teardown {
         id: id.clone(),
         source,
