@@ -268,18 +268,8 @@ pub unsafe extern "C" fn belayer_mem_unmap(
     name: *const c_char,
     addr: *mut u64,
 ) -> c_int {
-    guard(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (mapping, name, addr) = unsafe {
-            (
-                writable(mapping, "mapping")?,
-                text(name, "name")?,
-                writable(addr, "addr")?,
-            )
-        };
-        *addr = mapping.0.unmap(name)?;
-        Ok(())
-    })
+    // SAFETY: forwarded from this function's contract.
+    unsafe { region_op(mapping, name, addr, |m, n| m.unmap(n)) }
 }
 
 /// Maps region `name` again at its address; stores the address in `*addr`.
@@ -292,8 +282,22 @@ pub unsafe extern "C" fn belayer_mem_remap(
     name: *const c_char,
     addr: *mut u64,
 ) -> c_int {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { region_op(mapping, name, addr, |m, n| m.remap(n)) }
+}
+
+/// Runs `op` on region `name` of `mapping` and stores the address it returns in `*addr`.
+///
+/// # Safety
+/// As for [`belayer_mem_unmap`].
+unsafe fn region_op(
+    mapping: *mut BelayerMemMapping,
+    name: *const c_char,
+    addr: *mut u64,
+    op: impl FnOnce(&mut Mapping, &str) -> Result<u64, MapError>,
+) -> c_int {
     guard(|| {
-        // SAFETY: forwarded from this function's contract.
+        // SAFETY: forwarded from the caller's contract.
         let (mapping, name, addr) = unsafe {
             (
                 writable(mapping, "mapping")?,
@@ -301,7 +305,7 @@ pub unsafe extern "C" fn belayer_mem_remap(
                 writable(addr, "addr")?,
             )
         };
-        *addr = mapping.0.remap(name)?;
+        *addr = op(&mut mapping.0, name)?;
         Ok(())
     })
 }
