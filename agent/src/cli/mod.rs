@@ -52,7 +52,7 @@ pub enum Command {
     Checkpoint(CheckpointArgs),
     /// Restore a sandbox from its ready checkpoint into a fresh instance.
     Restore(RestoreArgs),
-    /// List the ready checkpoints of a sandbox.
+    /// List the published checkpoints of a sandbox, up to the ready one.
     Checkpoints {
         /// Sandbox id.
         id: String,
