@@ -4,13 +4,27 @@ use clap::Parser;
 
 fn main() {
     belayer_agent::helper::dispatch();
-    // Like any Unix filter, end quietly when the reader of our output goes away
-    // (`belayer sandbox ls | head`) instead of panicking in println!.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = belayer_agent::cli::Cli::parse();
+    // Like any Unix filter, end quietly when the reader of our output goes away
+    // (`belayer sandbox ls | head`) instead of panicking in println!. Only for the plain client
+    // commands: servers (memory servers, router, engines, an embedded agent) rely on EPIPE.
+    use belayer_agent::cli::Command as C;
+    if matches!(
+        cli.command,
+        C::Status
+            | C::Image(_)
+            | C::Sandbox(_)
+            | C::Exec(_)
+            | C::Checkpoint(_)
+            | C::Restore(_)
+            | C::Checkpoints { .. }
+            | C::Gc(_)
+    ) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // A rollout injects failures on purpose: the embedded agent's warnings about them would
     // only bury the progress bars.
     let default = match cli.command {
