@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from ctypes import byref, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 from . import _lib
 from .errors import ERRORS, BelayerError, EventTimeoutError
@@ -187,7 +187,43 @@ def _neg(v: Optional[float]) -> float:
     return -1.0 if v is None else float(v)
 
 
-class Client:
+class _Handle:
+    """A library handle given back exactly once: by :meth:`close`, on leaving a ``with``
+    block, or when a forgotten object is collected. Subclasses name the library function that
+    releases it in ``_release``."""
+
+    _release = ""
+
+    def _open(self, opener: Callable[..., int], *args: object) -> None:
+        handle = c_uint64(0)
+        self._closed = True
+        _check(opener(*args, byref(handle)))
+        self._handle = handle.value
+        self._closed = False
+
+    def close(self) -> None:
+        """Releases the handle. Closing twice raises :class:`~belayer.errors.BadHandleError`."""
+        self._closed = True
+        _check(getattr(self._lib, self._release)(self._handle))
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                getattr(self._lib, self._release)(self._handle)
+            except Exception:
+                pass
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        except BelayerError:
+            pass
+
+
+class Client(_Handle):
     """A connection to ``belayerd``.
 
     Usable as a context manager (closes on exit). One request runs at a time per client;
@@ -199,42 +235,17 @@ class Client:
         socket: the daemon's socket (``None``: ``/run/belayer/belayer.sock``).
     """
 
+    _release = "belayer_close"
+
     def __init__(self, socket: Optional[Text] = None) -> None:
         self._lib = _lib.load()
         self.socket = socket
-        handle = c_uint64(0)
-        self._closed = True
-        _check(self._lib.belayer_connect(_c(socket), byref(handle)))
-        self._handle = handle.value
-        self._closed = False
+        self._open(self._lib.belayer_connect, _c(socket))
 
     @property
     def handle(self) -> int:
         """The library handle of this connection."""
         return self._handle
-
-    def close(self) -> None:
-        """Closes the connection. Closing twice raises
-        :class:`~belayer.errors.BadHandleError`."""
-        self._closed = True
-        _check(self._lib.belayer_close(self._handle))
-
-    def __del__(self) -> None:
-        # A forgotten client gives its handle back when collected.
-        if not getattr(self, "_closed", True):
-            try:
-                self._lib.belayer_close(self._handle)
-            except Exception:
-                pass
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.close()
-        except BelayerError:
-            pass
 
     def ping(self) -> str:
         """The daemon's version."""
@@ -484,18 +495,16 @@ class Sandbox:
         self.client.destroy(self.id)
 
 
-class Subscription:
+class Subscription(_Handle):
     """A stream of daemon events (sandbox failed, checkpoint ready) published after it was
     opened. Iterating yields events forever; use :meth:`next` for a timeout. A context
     manager (closes on exit). Read it from one thread at a time."""
 
+    _release = "belayer_unsubscribe"
+
     def __init__(self, socket: Optional[Text] = None) -> None:
         self._lib = _lib.load()
-        handle = c_uint64(0)
-        self._closed = True
-        _check(self._lib.belayer_subscribe(_c(socket), byref(handle)))
-        self._handle = handle.value
-        self._closed = False
+        self._open(self._lib.belayer_subscribe, _c(socket))
 
     def next(self, timeout: Optional[float] = None) -> Optional[Event]:
         """The next event, or ``None`` when none came within ``timeout`` seconds
@@ -534,26 +543,6 @@ class Subscription:
             if ev is not None:
                 yield ev
 
-    def close(self) -> None:
-        """Closes the stream."""
-        self._closed = True
-        _check(self._lib.belayer_unsubscribe(self._handle))
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self._lib.belayer_unsubscribe(self._handle)
-            except Exception:
-                pass
-
-    def __enter__(self) -> "Subscription":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self.close()
-        except BelayerError:
-            pass
 
 
 __all__ = [
