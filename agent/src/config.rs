@@ -41,6 +41,9 @@ pub struct Config {
     pub default_pids_max: u64,
     /// Do not load the BPF sandbox tracer; use the pidfd/cgroup fallback (`--no-bpf`).
     pub no_bpf: bool,
+    /// zstd level (1–19) for new upper-layer blobs; unset: stored uncompressed (restores
+    /// copy them with `copy_file_range`). Compression runs after the sandbox is thawed.
+    pub blob_zstd_level: Option<i32>,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
     #[serde(rename = "memory_server")]
     pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
@@ -61,6 +64,7 @@ impl Default for Config {
             test_hooks: false,
             default_pids_max: 4096,
             no_bpf: false,
+            blob_zstd_level: None,
             memory_servers: Vec::new(),
         }
     }

@@ -66,6 +66,9 @@ pub enum StartError {
     /// Not even the fallback sandbox tracer could start.
     #[error("cannot start the sandbox tracer")]
     Tracer(#[source] belayer_ebpf::TracerError),
+    /// The upper-layer blob store could not be opened.
+    #[error("cannot open the blob store")]
+    Blobs(#[source] belayer_overlay::layer::BlobError),
 }
 
 /// Backing tmpfs of CRIU's kernel-feature cache.
@@ -152,6 +155,9 @@ impl Agent {
         let contexts = ContextLogs::new(&config.state_dir);
         let tracer =
             crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
+        let blobs = belayer_overlay::layer::BlobStore::open(&config.state_dir.join("blobs"))
+            .map_err(StartError::Blobs)?
+            .with_compression(config.blob_zstd_level);
         let agent = Arc::new(Agent {
             _lock: lock,
             events: EventBus::default(),
@@ -164,6 +170,7 @@ impl Agent {
                 criu,
                 helper_exe,
                 tracer,
+                blobs,
             },
             sandboxes: Mutex::new(HashMap::new()),
         });
@@ -174,6 +181,7 @@ impl Agent {
             }
         });
         agent.adopt();
+        agent.collect_blobs();
         let weak = Arc::downgrade(&agent);
         std::thread::Builder::new()
             .name("reaper".into())
@@ -219,6 +227,48 @@ impl Agent {
         let id = slot.record().id.clone();
         self.rt.tracer.untrack(&id);
         sandbox::remove::remove(slot)
+    }
+
+    /// Removes the blobs no checkpoint refers to any more: reference counts over the layer
+    /// manifests of every published checkpoint of every sandbox plus the bases of the next
+    /// incremental captures, taken under the blob store's exclusive lock. A checkpoint whose
+    /// manifest cannot be read keeps nothing alive (it cannot be restored either); an old
+    /// format checkpoint refers to no blobs. Returns the bytes freed.
+    fn collect_blobs(&self) -> u64 {
+        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+        let result = self.rt.blobs.gc_with(|roots| {
+            for slot in &slots {
+                if let Some(base) = slot.any_layer_base() {
+                    roots.add(&base);
+                }
+                let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else {
+                    continue;
+                };
+                for name in store.names().unwrap_or_default() {
+                    match store.load(&name).and_then(|m| store.load_layer(&m)) {
+                        Ok(layer) => roots.add(&layer),
+                        Err(e) => tracing::warn!(checkpoint = %name, error = %e, "checkpoint keeps no blobs"),
+                    }
+                }
+            }
+            Ok::<(), belayer_overlay::layer::BlobError>(())
+        });
+        match result {
+            Ok(stats) => {
+                tracing::info!(
+                    live = stats.live_blobs,
+                    references = stats.references,
+                    removed = stats.removed_blobs,
+                    bytes = stats.removed_bytes,
+                    "blob collection"
+                );
+                stats.removed_bytes
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "blob collection failed");
+                0
+            }
+        }
     }
 
     /// A fault the sandbox tracer saw (init exited, process killed from outside or by the OOM
@@ -433,6 +483,7 @@ impl Agent {
                 }
             }
         }
+        bytes += self.collect_blobs();
         tracing::info!(removed, bytes, "checkpoint gc");
         Response::Gc { removed, bytes }
     }
@@ -506,6 +557,7 @@ impl Agent {
                 Some(slot) => match self.remove_sandbox(&slot) {
                     Ok(()) => {
                         self.registry().remove(&id);
+                        self.collect_blobs();
                         Response::Done
                     }
                     Err(e) => error(e.code(), &e),

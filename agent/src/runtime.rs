@@ -20,6 +20,9 @@ pub struct Runtime {
     pub helper_exe: PathBuf,
     /// The sandbox tracer (BPF or fallback): fault detection and per-action verdicts.
     pub tracer: crate::trace::SandboxTracer,
+    /// The node's upper-layer blob store (`state_dir/blobs`), shared by every checkpoint of
+    /// every sandbox.
+    pub blobs: belayer_overlay::layer::BlobStore,
 }
 
 impl Runtime {

@@ -111,6 +111,32 @@ pub enum CaptureError {
         /// The limit.
         max: u64,
     },
+    /// A regular file's apparent size is larger than [`InstallLimits::max_apparent_bytes`].
+    #[error("{path}: file of apparent size {size} bytes is larger than {max}")]
+    ApparentSizeTooLarge {
+        /// The file, relative to the upper directory.
+        path: PathBuf,
+        /// Its apparent size in bytes.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A device node other than an overlay whiteout (0:0 character device): it could never
+    /// be restored, and would give the sandbox raw access to a host device.
+    #[error("{path}: {kind} device {major}:{minor} is not allowed in an upper layer")]
+    ForbiddenDevice {
+        /// The entry, relative to the upper directory.
+        path: PathBuf,
+        /// `"character"` or `"block"`.
+        kind: &'static str,
+        /// Device major number.
+        major: u32,
+        /// Device minor number.
+        minor: u32,
+    },
+    /// Staging or storing blobs failed (or a blob of the base manifest was collected).
+    #[error("blob store")]
+    Blob(#[source] crate::layer::BlobError),
     /// The entry has a file type the kernel reported as unknown.
     #[error("{path} has an unsupported file type (mode {mode:o})")]
     UnsupportedFileType {

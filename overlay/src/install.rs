@@ -10,26 +10,23 @@
 //! with `AT_SYMLINK_NOFOLLOW`. Names, entry types, devices, extended attributes and sizes
 //! are checked before anything is created; see [`InstallError`] for every rejection.
 
-use std::collections::HashSet;
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 use std::time::Instant;
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps, CWD};
-use rustix::io::Errno;
-use rustix::process::{Gid, Uid};
+use rustix::fs::{Mode, OFlags, CWD};
 use tar::{Entry, EntryType, Header};
 
 use crate::format::{
-    is_layer_xattr, parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES,
-    MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_XATTR_VALUE_BYTES,
+    parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES, MAX_PATH_BYTES,
 };
-use crate::sys::{self, Call, SyscallError, Xattr};
+use crate::sys::{self, Call, SyscallError};
+use crate::tree::{
+    check_device, check_symlink_target, check_xattr, lossy, name_error, parse_hardlink_target,
+    parse_name, path_of, ContentSource, Installer, Member, MemberKind, RegularData,
+};
 
 /// Bounds on what one archive may install. Exceeding any is an error naming the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,17 +35,23 @@ pub struct InstallLimits {
     pub max_entries: u64,
     /// Most bytes of regular-file content, all files together.
     pub max_total_bytes: u64,
-    /// Most bytes of content in a single regular file.
+    /// Most bytes of content in a single regular file (its data: holes of a sparse file
+    /// captured as sparse do not count).
     pub max_file_bytes: u64,
+    /// Largest apparent size of a single regular file, holes included (a sparse file
+    /// costs nothing to create, so this only has to fit the host's filesystem).
+    pub max_apparent_bytes: u64,
 }
 
 impl Default for InstallLimits {
-    /// 1 000 000 entries, 64 GiB in total, 16 GiB per file.
+    /// 1 000 000 entries, 64 GiB in total, 16 GiB of data per file, 16 TiB apparent size
+    /// per file (ext4's largest file).
     fn default() -> Self {
         Self {
             max_entries: 1_000_000,
             max_total_bytes: 64 << 30,
             max_file_bytes: 16 << 30,
+            max_apparent_bytes: 16 << 40,
         }
     }
 }
@@ -271,6 +274,26 @@ pub enum InstallError {
         /// The limit.
         max: u64,
     },
+    /// A file whose apparent size is larger than [`InstallLimits::max_apparent_bytes`].
+    #[error("{path}: file of apparent size {size} bytes is larger than {max}")]
+    ApparentSizeTooLarge {
+        /// The member.
+        path: PathBuf,
+        /// Its apparent size in bytes.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// Filling a file from the blob store failed: the blob is missing, unreadable, or its
+    /// content does not hash to its name.
+    #[error("{path}: filling content from the blob store failed")]
+    Blob {
+        /// The member.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: crate::layer::BlobError,
+    },
     /// More content than [`InstallLimits::max_total_bytes`].
     #[error("{path}: content would reach {total} bytes, more than {max}")]
     TotalBytesExceeded {
@@ -371,17 +394,7 @@ pub fn install_upper(
             path: target.to_path_buf(),
         });
     }
-    let mut installer = Installer {
-        target: Rc::new(target_fd),
-        archive: &file,
-        limits,
-        stats: InstallStats::default(),
-        total_bytes: 0,
-        installed: HashSet::new(),
-        dirs: Vec::new(),
-        root: None,
-        chain: Vec::new(),
-    };
+    let mut installer = Installer::new(target_fd, ContentSource::Archive(&file), limits);
     let read_err = |source| InstallError::ReadArchive {
         path: archive.to_path_buf(),
         source,
@@ -514,103 +527,6 @@ fn strip_nul(mut data: Vec<u8>) -> Vec<u8> {
     data
 }
 
-/// One archive member, decoded and checked, not yet installed.
-struct Member {
-    /// The name as written (for error messages).
-    raw: Vec<u8>,
-    /// Normalised components; empty for the root.
-    components: Vec<Vec<u8>>,
-    kind: MemberKind,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    mtime: (i64, u32),
-    xattrs: Vec<Xattr>,
-}
-
-enum MemberKind {
-    Directory,
-    Regular { size: u64, offset: u64 },
-    Symlink { target: Vec<u8> },
-    Hardlink { target: Vec<Vec<u8>> },
-    Whiteout,
-    Fifo,
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn path_of(raw: &[u8]) -> PathBuf {
-    PathBuf::from(OsStr::from_bytes(raw))
-}
-
-/// Why a member name is rejected.
-#[derive(Debug, PartialEq, Eq)]
-enum NameError {
-    Invalid(&'static str),
-    TooLong(usize),
-    ComponentTooLong(usize),
-}
-
-/// Splits a member name into components (empty for the root: `.`, `./`), rejecting
-/// everything that could leave the target or is ambiguous.
-fn parse_name(raw: &[u8], is_dir: bool) -> Result<Vec<Vec<u8>>, NameError> {
-    if raw.is_empty() {
-        return Err(NameError::Invalid("empty name"));
-    }
-    if raw.len() > MAX_PATH_BYTES {
-        return Err(NameError::TooLong(raw.len()));
-    }
-    if raw.contains(&0) {
-        return Err(NameError::Invalid("NUL byte"));
-    }
-    if raw[0] == b'/' {
-        return Err(NameError::Invalid("absolute path"));
-    }
-    let mut name = raw;
-    if name == b"." {
-        name = b"";
-    } else if let Some(rest) = name.strip_prefix(b"./") {
-        name = rest;
-    }
-    if let Some(rest) = name.strip_suffix(b"/") {
-        if !is_dir {
-            return Err(NameError::Invalid("trailing slash on a non-directory"));
-        }
-        name = rest;
-    }
-    if name.is_empty() {
-        return Ok(Vec::new());
-    }
-    name.split(|b| *b == b'/')
-        .map(|component| match component {
-            b"" => Err(NameError::Invalid("empty component")),
-            b"." => Err(NameError::Invalid("`.` component")),
-            b".." => Err(NameError::Invalid("`..` component")),
-            c if c.len() > MAX_NAME_BYTES => Err(NameError::ComponentTooLong(c.len())),
-            c => Ok(c.to_vec()),
-        })
-        .collect()
-}
-
-fn name_error(raw: &[u8], err: NameError) -> InstallError {
-    let path = path_of(raw);
-    match err {
-        NameError::Invalid(reason) => InstallError::InvalidName { path, reason },
-        NameError::TooLong(len) => InstallError::NameTooLong {
-            path,
-            len,
-            max: MAX_PATH_BYTES,
-        },
-        NameError::ComponentTooLong(len) => InstallError::ComponentTooLong {
-            path,
-            len,
-            max: MAX_NAME_BYTES,
-        },
-    }
-}
-
 fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member, InstallError> {
     let header: &Header = entry.header();
     let records = match &ext.pax {
@@ -720,64 +636,25 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
         EntryType::Directory => MemberKind::Directory,
         EntryType::Regular | EntryType::Continuous => MemberKind::Regular {
             size,
-            offset: entry.raw_file_position(),
+            data: RegularData::Archive {
+                offset: entry.raw_file_position(),
+            },
         },
         EntryType::Symlink => {
             let target = link();
-            let reason = if target.is_empty() {
-                Some("empty")
-            } else if target.contains(&0) {
-                Some("NUL byte")
-            } else if target.len() > MAX_PATH_BYTES {
-                Some("longer than 4096 bytes")
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                return Err(InstallError::InvalidLinkTarget {
-                    path: path(),
-                    target: lossy(&target),
-                    reason,
-                });
-            }
+            check_symlink_target(&raw, &target)?;
             MemberKind::Symlink { target }
         }
-        EntryType::Link => {
-            let target = link();
-            let invalid_target = |reason| InstallError::InvalidLinkTarget {
-                path: path_of(&raw),
-                target: lossy(&target),
-                reason,
-            };
-            let components = match parse_name(&target, false) {
-                Ok(c) if c.is_empty() => return Err(invalid_target("the root")),
-                Ok(c) => c,
-                Err(NameError::Invalid(reason)) => return Err(invalid_target(reason)),
-                Err(NameError::TooLong(_)) => return Err(invalid_target("longer than 4096 bytes")),
-                Err(NameError::ComponentTooLong(_)) => {
-                    return Err(invalid_target("a component longer than 255 bytes"))
-                }
-            };
-            MemberKind::Hardlink { target: components }
-        }
+        EntryType::Link => MemberKind::Hardlink {
+            target: parse_hardlink_target(&raw, &link())?,
+        },
         EntryType::Char | EntryType::Block => {
             // dev_major and dev_minor sit at the same offsets in ustar and GNU headers.
             let device = |_| invalid("device", &header.as_bytes()[329..345]);
             let major = header.device_major().map_err(device)?;
             let minor = header.device_minor().map_err(device)?;
-            let (major, minor) = (major.unwrap_or(0), minor.unwrap_or(0));
-            if kind_flag == EntryType::Block || major != 0 || minor != 0 {
-                return Err(InstallError::ForbiddenDevice {
-                    path: path(),
-                    kind: if kind_flag == EntryType::Block {
-                        "block"
-                    } else {
-                        "character"
-                    },
-                    major,
-                    minor,
-                });
-            }
+            let block = kind_flag == EntryType::Block;
+            check_device(&raw, block, major.unwrap_or(0), minor.unwrap_or(0))?;
             MemberKind::Whiteout
         }
         EntryType::Fifo => MemberKind::Fifo,
@@ -806,427 +683,3 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
     })
 }
 
-fn check_xattr(raw: &[u8], name: &[u8], value: &[u8]) -> Result<(), InstallError> {
-    let reason = if name.is_empty() || name.len() > MAX_NAME_BYTES || name.contains(&0) {
-        Some("invalid name")
-    } else if !is_layer_xattr(name) {
-        Some("namespace not allowed")
-    } else if value.len() > MAX_XATTR_VALUE_BYTES {
-        Some("value larger than 64 KiB")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(InstallError::ForbiddenXattr {
-            path: path_of(raw),
-            name: lossy(name),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// A directory whose mode and times are applied after all members are installed.
-struct DeferredDir {
-    components: Vec<Vec<u8>>,
-    raw: Vec<u8>,
-    mode: u32,
-    mtime: (i64, u32),
-}
-
-struct Installer<'a> {
-    target: Rc<OwnedFd>,
-    archive: &'a File,
-    limits: &'a InstallLimits,
-    stats: InstallStats,
-    total_bytes: u64,
-    /// Normalised paths of installed non-directories (hardlink targets).
-    installed: HashSet<Vec<u8>>,
-    dirs: Vec<DeferredDir>,
-    root: Option<DeferredDir>,
-    /// Open directories from the target down to the last parent used: each element is a
-    /// child of the previous one. Saves an `openat2` per member in pre-order archives.
-    chain: Vec<(Vec<Vec<u8>>, Rc<OwnedFd>)>,
-}
-
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
-
-fn join(components: &[Vec<u8>]) -> Vec<u8> {
-    components.join(&b'/')
-}
-
-fn timestamps((sec, nsec): (i64, u32)) -> Timestamps {
-    let time = Timespec {
-        tv_sec: sec,
-        tv_nsec: i64::from(nsec),
-    };
-    Timestamps {
-        last_access: time,
-        last_modification: time,
-    }
-}
-
-impl Installer<'_> {
-    /// Opens `components` (a directory path relative to the target) beneath the target.
-    fn open_beneath(&self, components: &[Vec<u8>], flags: OFlags) -> Result<OwnedFd, SyscallError> {
-        let path = join(components);
-        rustix::fs::openat2(
-            &*self.target,
-            path.as_slice(),
-            // RESOLVE_NO_SYMLINKS covers the last component too (ELOOP); O_NOFOLLOW would
-            // turn that into a less telling ENOTDIR.
-            flags | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-            RESOLVE,
-        )
-        .call("openat2")
-    }
-
-    /// The open parent directory `parent` (relative to the target), from the chain or
-    /// resolved beneath the target.
-    fn parent(&mut self, parent: &[Vec<u8>], raw: &[u8]) -> Result<Rc<OwnedFd>, InstallError> {
-        while let Some((path, _)) = self.chain.last() {
-            if parent.starts_with(path) {
-                break;
-            }
-            self.chain.pop();
-        }
-        if parent.is_empty() {
-            return Ok(self.target.clone());
-        }
-        if let Some((path, fd)) = self.chain.last() {
-            if path.as_slice() == parent {
-                return Ok(fd.clone());
-            }
-        }
-        let fd = self.open_beneath(parent, OFlags::PATH).map_err(|source| {
-            InstallError::ResolveParent {
-                path: path_of(raw),
-                source,
-            }
-        })?;
-        let fd = Rc::new(fd);
-        // The chain must stay a line from the target down; restart it from here.
-        self.chain.clear();
-        self.chain.push((parent.to_vec(), fd.clone()));
-        Ok(fd)
-    }
-
-    fn check_limits(&mut self, member: &Member) -> Result<(), InstallError> {
-        let path = || path_of(&member.raw);
-        if self.stats.entries >= self.limits.max_entries {
-            return Err(InstallError::TooManyEntries {
-                path: path(),
-                max: self.limits.max_entries,
-            });
-        }
-        if let MemberKind::Regular { size, .. } = member.kind {
-            if size > self.limits.max_file_bytes {
-                return Err(InstallError::FileTooLarge {
-                    path: path(),
-                    size,
-                    max: self.limits.max_file_bytes,
-                });
-            }
-            let total = self.total_bytes.saturating_add(size);
-            if total > self.limits.max_total_bytes {
-                return Err(InstallError::TotalBytesExceeded {
-                    path: path(),
-                    total,
-                    max: self.limits.max_total_bytes,
-                });
-            }
-            self.total_bytes = total;
-        }
-        self.stats.entries += 1;
-        Ok(())
-    }
-
-    fn install(&mut self, member: Member) -> Result<(), InstallError> {
-        self.check_limits(&member)?;
-        let raw = member.raw.as_slice();
-        let path = || path_of(raw);
-        let create_err = |source: SyscallError| {
-            if source.errno() == Some(Errno::EXIST.raw_os_error()) {
-                InstallError::DuplicateEntry { path: path_of(raw) }
-            } else {
-                InstallError::Create {
-                    path: path_of(raw),
-                    source,
-                }
-            }
-        };
-        let meta_err = |source| InstallError::SetMetadata {
-            path: path_of(raw),
-            source,
-        };
-
-        let Some((name, parent)) = member.components.split_last() else {
-            // The root member: metadata for the target itself.
-            if self.root.is_some() {
-                return Err(InstallError::DuplicateEntry { path: path() });
-            }
-            let xattrs: Vec<Xattr> = member
-                .xattrs
-                .iter()
-                .filter(|(n, _)| n.as_slice() != b"trusted.overlay.uuid")
-                .cloned()
-                .collect();
-            set_owner_and_xattrs_fd(self.target.as_fd(), &member, &xattrs).map_err(meta_err)?;
-            self.root = Some(DeferredDir {
-                components: Vec::new(),
-                raw: member.raw.clone(),
-                mode: member.mode,
-                mtime: member.mtime,
-            });
-            return Ok(());
-        };
-        let parent_fd = self.parent(parent, raw)?;
-        let dir = parent_fd.as_fd();
-        let name = name.as_slice();
-        let full = join(&member.components);
-
-        match &member.kind {
-            MemberKind::Directory => {
-                rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
-                    .call("mkdirat")
-                    .map_err(create_err)?;
-                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let fd = rustix::fs::openat(dir, name, flags, Mode::empty())
-                    .call("openat")
-                    .map_err(create_err)?;
-                set_owner_and_xattrs_fd(fd.as_fd(), &member, &member.xattrs).map_err(meta_err)?;
-                self.dirs.push(DeferredDir {
-                    components: member.components.clone(),
-                    raw: member.raw.clone(),
-                    mode: member.mode,
-                    mtime: member.mtime,
-                });
-                // `self.parent` left the chain ending at this directory's parent.
-                self.chain.push((member.components.clone(), Rc::new(fd)));
-                return Ok(());
-            }
-            MemberKind::Regular { size, offset } => {
-                let flags = OFlags::WRONLY
-                    | OFlags::CREATE
-                    | OFlags::EXCL
-                    | OFlags::NOFOLLOW
-                    | OFlags::CLOEXEC;
-                let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))
-                    .call("openat")
-                    .map_err(create_err)?;
-                if *size > 0 {
-                    let copied =
-                        sys::copy_range(self.archive.as_fd(), *offset, fd.as_fd(), 0, *size)
-                            .map_err(|source| InstallError::CopyContent {
-                                path: path(),
-                                source,
-                            })?;
-                    if copied < *size {
-                        return Err(InstallError::ArchiveTruncated {
-                            path: path(),
-                            expected: *size,
-                            copied,
-                        });
-                    }
-                }
-                set_owner_and_xattrs_fd(fd.as_fd(), &member, &member.xattrs).map_err(meta_err)?;
-                rustix::fs::fchmod(&fd, Mode::from_raw_mode(member.mode))
-                    .call("fchmod")
-                    .map_err(meta_err)?;
-                rustix::fs::futimens(&fd, &timestamps(member.mtime))
-                    .call("futimens")
-                    .map_err(meta_err)?;
-                self.stats.content_bytes += size;
-            }
-            MemberKind::Symlink { target } => {
-                rustix::fs::symlinkat(target.as_slice(), dir, name)
-                    .call("symlinkat")
-                    .map_err(create_err)?;
-                set_metadata_at(dir, name, &member, false).map_err(meta_err)?;
-            }
-            MemberKind::Whiteout | MemberKind::Fifo => {
-                let file_type = if matches!(member.kind, MemberKind::Fifo) {
-                    FileType::Fifo
-                } else {
-                    FileType::CharacterDevice
-                };
-                rustix::fs::mknodat(dir, name, file_type, Mode::from_raw_mode(0o600), 0)
-                    .call("mknodat")
-                    .map_err(create_err)?;
-                set_metadata_at(dir, name, &member, true).map_err(meta_err)?;
-            }
-            MemberKind::Hardlink { target } => {
-                let target_path = join(target);
-                if !self.installed.contains(&target_path) {
-                    return Err(InstallError::HardlinkTargetMissing {
-                        path: path(),
-                        target: lossy(&target_path),
-                    });
-                }
-                let (target_name, target_parent) = target
-                    .split_last()
-                    .expect("hardlink targets are never the root");
-                let target_dir = if target_parent.is_empty() {
-                    None
-                } else {
-                    Some(
-                        self.open_beneath(target_parent, OFlags::PATH)
-                            .map_err(|source| InstallError::ResolveParent {
-                                path: path(),
-                                source,
-                            })?,
-                    )
-                };
-                let target_dir = match &target_dir {
-                    Some(fd) => fd.as_fd(),
-                    None => self.target.as_fd(),
-                };
-                rustix::fs::linkat(
-                    target_dir,
-                    target_name.as_slice(),
-                    dir,
-                    name,
-                    AtFlags::empty(),
-                )
-                .call("linkat")
-                .map_err(create_err)?;
-            }
-        }
-        self.installed.insert(full);
-        Ok(())
-    }
-
-    /// Applies directory modes and times, deepest first, then the root's.
-    fn finish(mut self) -> Result<InstallStats, InstallError> {
-        self.chain.clear();
-        for dir in self.dirs.iter().rev() {
-            let meta_err = |source| InstallError::SetMetadata {
-                path: path_of(&dir.raw),
-                source,
-            };
-            let fd = self
-                .open_beneath(&dir.components, OFlags::RDONLY)
-                .map_err(meta_err)?;
-            finish_dir(fd.as_fd(), dir).map_err(meta_err)?;
-        }
-        if let Some(root) = &self.root {
-            finish_dir(self.target.as_fd(), root).map_err(|source| InstallError::SetMetadata {
-                path: path_of(&root.raw),
-                source,
-            })?;
-        }
-        Ok(self.stats)
-    }
-}
-
-fn finish_dir(fd: BorrowedFd<'_>, dir: &DeferredDir) -> Result<(), SyscallError> {
-    rustix::fs::fchmod(fd, Mode::from_raw_mode(dir.mode)).call("fchmod")?;
-    rustix::fs::futimens(fd, &timestamps(dir.mtime)).call("futimens")
-}
-
-/// Owner, then extended attributes (a chown clears `security.capability`), through `fd`.
-fn set_owner_and_xattrs_fd(
-    fd: BorrowedFd<'_>,
-    member: &Member,
-    xattrs: &[Xattr],
-) -> Result<(), SyscallError> {
-    rustix::fs::fchown(
-        fd,
-        Some(Uid::from_raw(member.uid)),
-        Some(Gid::from_raw(member.gid)),
-    )
-    .call("fchown")?;
-    for (name, value) in xattrs {
-        sys::set_xattr_fd(fd, name, value)?;
-    }
-    Ok(())
-}
-
-/// Owner, extended attributes, mode (unless a symlink) and times of `name` in `dir`,
-/// never following `name` if it is a symlink.
-fn set_metadata_at(
-    dir: BorrowedFd<'_>,
-    name: &[u8],
-    member: &Member,
-    chmod: bool,
-) -> Result<(), SyscallError> {
-    rustix::fs::chownat(
-        dir,
-        name,
-        Some(Uid::from_raw(member.uid)),
-        Some(Gid::from_raw(member.gid)),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .call("fchownat")?;
-    if !member.xattrs.is_empty() {
-        let path = sys::proc_fd_path(dir, name);
-        for (xname, value) in &member.xattrs {
-            sys::set_xattr_path(&path, xname, value)?;
-        }
-    }
-    if chmod {
-        // `name` was just created by mknodat in a directory only this installer writes.
-        rustix::fs::chmodat(
-            dir,
-            name,
-            Mode::from_raw_mode(member.mode),
-            AtFlags::empty(),
-        )
-        .call("fchmodat")?;
-    }
-    rustix::fs::utimensat(
-        dir,
-        name,
-        &timestamps(member.mtime),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .call("utimensat")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts(name: &str, is_dir: bool) -> Result<Vec<String>, NameError> {
-        parse_name(name.as_bytes(), is_dir).map(|c| {
-            c.into_iter()
-                .map(|c| String::from_utf8(c).unwrap())
-                .collect()
-        })
-    }
-
-    #[test]
-    fn names_are_normalised() {
-        assert_eq!(parts("./", true).unwrap(), Vec::<String>::new());
-        assert_eq!(parts(".", true).unwrap(), Vec::<String>::new());
-        assert_eq!(parts("a/b/", true).unwrap(), ["a", "b"]);
-        assert_eq!(parts("./a/b", false).unwrap(), ["a", "b"]);
-        assert_eq!(parts("a..b/..c", false).unwrap(), ["a..b", "..c"]);
-    }
-
-    #[test]
-    fn hostile_names_are_rejected() {
-        let invalid = |name: &str, is_dir| match parts(name, is_dir) {
-            Err(NameError::Invalid(reason)) => reason,
-            other => panic!("{name:?}: {other:?}"),
-        };
-        assert_eq!(invalid("", false), "empty name");
-        assert_eq!(invalid("/etc/passwd", false), "absolute path");
-        assert_eq!(invalid("../escape", false), "`..` component");
-        assert_eq!(invalid("a/../../b", false), "`..` component");
-        assert_eq!(invalid("a/..", true), "`..` component");
-        assert_eq!(invalid("a//b", false), "empty component");
-        assert_eq!(invalid(".//b", false), "empty component");
-        assert_eq!(invalid("a/./b", false), "`.` component");
-        assert_eq!(invalid("a\0b", false), "NUL byte");
-        assert_eq!(invalid("file/", false), "trailing slash on a non-directory");
-        let long = "x".repeat(256);
-        assert_eq!(parts(&long, false), Err(NameError::ComponentTooLong(256)));
-        let deep = ["y"; 2100].join("/");
-        assert_eq!(parts(&deep, false), Err(NameError::TooLong(4199)));
-    }
-}

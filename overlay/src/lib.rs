@@ -99,8 +99,10 @@ pub mod capture;
 pub mod digest;
 mod format;
 pub mod install;
+pub mod layer;
 pub mod mount;
 mod sys;
+mod tree;
 mod walk;
 
 pub use capture::{capture_upper, capture_upper_with_limits, CaptureError, CaptureStats};

@@ -229,6 +229,18 @@ pub(crate) fn write_all_at(
     Ok(())
 }
 
+/// fsyncs the directory at `path` (after a rename into it).
+pub(crate) fn fsync_dir(path: &Path) -> Result<(), SyscallError> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .call("open")?;
+    rustix::fs::fsync(&fd).call("fsync")
+}
+
 /// The names in the directory open as `dir`, without `.` and `..`, sorted bytewise.
 pub(crate) fn sorted_names(dir: impl AsFd) -> Result<Vec<CString>, SyscallError> {
     let mut names = Vec::new();

@@ -123,29 +123,45 @@ fn corrupted_checkpoint_is_refused_and_nothing_is_disturbed() {
     let id = d.create("busybox").id;
     d.sh(&id, "echo v1 > /v");
     let c = d.checkpoint(&id, 1, b"L1");
-    // Flip one byte of the upper-layer archive.
-    let tar = d
+    // Flip one byte of the layer manifest F_k.
+    let layer = d
         .state_dir
         .join("sandboxes")
         .join(&id)
         .join("checkpoints")
         .join(&c.checkpoint)
-        .join("upper.tar");
-    let mut bytes = std::fs::read(&tar).unwrap();
-    bytes[600] ^= 0x01;
-    std::fs::write(&tar, bytes).unwrap();
+        .join("upper.layer");
+    let original = std::fs::read(&layer).unwrap();
+    let mut bytes = original.clone();
+    bytes[20] ^= 0x01;
+    std::fs::write(&layer, bytes).unwrap();
     d.sh(&id, "echo v2 > /v");
     let pids = d.inspect(&id).pids;
     let msg = expect_error(d.restore_raw(&id), ErrorCode::CorruptCheckpoint);
-    assert!(msg.contains("upper.tar"), "{msg}");
-    // The running instance is untouched.
-    let info = d.inspect(&id);
-    assert_eq!(info.state, "running");
-    assert_eq!(info.pids, pids);
-    assert_eq!(d.sh(&id, "cat /v"), "v2");
+    assert!(msg.contains("upper.layer"), "{msg}");
+    assert_untouched(&d, &id, &pids);
+
+    // Flip one byte of a blob the layer refers to (the content of /v): found while it is
+    // copied into the fresh instance, before the running one is touched.
+    std::fs::write(&layer, original).unwrap();
+    let blob = belayer_overlay::layer::BlobId::of(b"v1\n").to_hex();
+    let blob = d.state_dir.join("blobs").join(&blob[..2]).join(&blob);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[0] ^= 0x01;
+    std::fs::write(&blob, bytes).unwrap();
+    let msg = expect_error(d.restore_raw(&id), ErrorCode::CorruptCheckpoint);
+    assert!(msg.contains("corrupt"), "{msg}");
+    assert_untouched(&d, &id, &pids);
     // Other sandboxes are unaffected.
     let other = d.create("busybox").id;
     assert_eq!(d.sh(&other, "echo ok"), "ok");
+}
+
+fn assert_untouched(d: &Daemon, id: &str, pids: &[i32]) {
+    let info = d.inspect(id);
+    assert_eq!(info.state, "running");
+    assert_eq!(info.pids, pids);
+    assert_eq!(d.sh(id, "cat /v"), "v2");
 }
 
 #[test]

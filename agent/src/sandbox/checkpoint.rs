@@ -2,11 +2,18 @@
 //! invariants "state agreement" and "atomic publication").
 //!
 //! 1. freeze the sandbox cgroup and wait until every task is frozen;
-//! 2. capture the overlay upper layer F_k into `upper.tar`;
+//! 2. capture the overlay upper layer F_k incrementally: walk it, take unchanged entries over
+//!    from the previous capture of this instance, read changed files (see
+//!    [`belayer_overlay::layer`]);
 //! 3. CRIU-dump the process tree R_k into `criu/`, leaving it running;
 //! 4. thaw (a guard thaws on every path, errors included);
-//! 5. store L_k, digest every artifact, write `manifest.json`, fsync everything;
+//! 5. seal F_k (hash staged files, move new blobs into the node's blob store, fsync'd) and
+//!    write its layer manifest `upper.layer`; store L_k, digest every artifact, write
+//!    `manifest.json`, fsync everything;
 //! 6. rename the staging dir into place, then move the ready pointer to it.
+//!
+//! A shared lease on the blob store is held from before the freeze until the pointer moved,
+//! so a blob collection never removes a blob this checkpoint refers to.
 //!
 //! CRIU's network lock is skipped: a sandbox's network namespace has only `lo`, and every task
 //! that could send on it is frozen for the whole dump (the iptables lock/unlock alone cost
@@ -20,6 +27,8 @@ use std::fs;
 use std::time::Instant;
 
 use belayer_criu::{DumpRequest, NetworkLock};
+use belayer_overlay::layer::{capture_layer, LayerCaptureOptions, LayerManifest};
+use belayer_overlay::CaptureError;
 use belayer_ipc::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault,
 };
@@ -27,7 +36,10 @@ use belayer_ipc::{
 use super::{RecordError, SandboxSlot, SandboxState};
 use crate::cgroup::{CgroupError, SandboxCgroup};
 use crate::runtime::Runtime;
-use crate::store::{self, CheckpointStore, ContextRecord, Manifest, StoreError, FORMAT_VERSION};
+use crate::store::{
+    self, CheckpointStore, ContextRecord, LayerSummary, Manifest, StoreError, FORMAT_VERSION,
+    UPPER_LAYER,
+};
 use crate::sys;
 
 /// Errors of a checkpoint. In every case the previous ready checkpoint stays in effect.
@@ -185,6 +197,17 @@ fn take(
         id: id.clone(),
         source,
     })?;
+    let fs_err = |source| CheckpointError::FsCapture {
+        id: id.clone(),
+        source,
+    };
+    let _lease = rt
+        .blobs
+        .lease()
+        .map_err(|e| fs_err(CaptureError::Blob(e)))?;
+    let base = slot
+        .layer_base(rec.instance)
+        .or_else(|| ready_layer(&store, rec.instance));
     let mut t = CheckpointTimings::default();
 
     // Frozen window: F_k and R_k at the same action boundary.
@@ -202,13 +225,13 @@ fn take(
     let processes = super::process_list(&cgroup);
 
     let t_fs = Instant::now();
-    let upper_tar = dir.join("upper.tar");
-    belayer_overlay::capture_upper(&slot.paths.upper(rec.instance), &upper_tar).map_err(
-        |source| CheckpointError::FsCapture {
-            id: id.clone(),
-            source,
-        },
-    )?;
+    let pending = capture_layer(
+        &slot.paths.upper(rec.instance),
+        base.as_deref(),
+        &rt.blobs,
+        &LayerCaptureOptions::default(),
+    )
+    .map_err(fs_err)?;
     t.fs_capture = ms(t_fs);
     fault(req.fault, FailPoint::AfterFsCapture)?;
 
@@ -229,13 +252,31 @@ fn take(
     drop(frozen);
     t.frozen_total = ms(t_freeze);
 
-    // Publish: L_k, digests, manifest, fsync, rename, pointer.
+    // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
+    let (layer, stats) = pending.seal().map_err(|e| {
+        // A base blob may have been collected: the next capture reads everything.
+        slot.set_layer_base(None);
+        fs_err(e)
+    })?;
+    let layer_path = dir.join(UPPER_LAYER);
+    fs::write(&layer_path, layer.encode()).map_err(write_err(&layer_path))?;
+    let summary = LayerSummary {
+        entries: stats.entries,
+        data_bytes: stats.data_bytes,
+        reused: stats.reused,
+        bytes_read: stats.bytes_read,
+        new_blobs: stats.new_blobs,
+        new_blob_bytes: stats.new_blob_bytes,
+        blobs: layer.blobs().len() as u64,
+        removed: stats.removed,
+        incremental: base.is_some(),
+    };
     let ctx_path = dir.join("context.bin");
     fs::write(&ctx_path, &req.context).map_err(write_err(&ctx_path))?;
     let art = |rel: &str| store::artifact(&dir, rel).map_err(write_err(&dir.join(rel)));
     let context = art("context.bin")?;
-    let upper = art("upper.tar")?;
+    let upper = art(UPPER_LAYER)?;
     let mut criu = Vec::new();
     let mut names: Vec<String> = fs::read_dir(&criu_dir)
         .map_err(write_err(&criu_dir))?
@@ -260,6 +301,7 @@ fn take(
             artifact: context,
         },
         upper,
+        layer: summary,
         criu,
         processes,
         timings_ms: t.clone(),
@@ -291,6 +333,7 @@ fn take(
         let _ = fs::remove_dir_all(&published);
         return Err(e.into());
     }
+    slot.set_layer_base(Some((rec.instance, std::sync::Arc::new(layer))));
     t.publish = ms(t_pub);
     t.total = ms(started);
     Ok(CheckpointInfo {
@@ -302,6 +345,20 @@ fn take(
         timings_ms: t,
         created_unix_ms: manifest.created_unix_ms,
     })
+}
+
+/// The layer manifest of the ready checkpoint when it was taken of instance `instance` (the
+/// base after a daemon restart); `None` when there is none or it does not load.
+fn ready_layer(store: &CheckpointStore, instance: u32) -> Option<std::sync::Arc<LayerManifest>> {
+    let name = store.ready().ok()??;
+    let m = store.load(&name).ok().filter(|m| m.instance == instance)?;
+    match store.load_layer(&m) {
+        Ok(layer) => Some(std::sync::Arc::new(layer)),
+        Err(e) => {
+            tracing::warn!(checkpoint = %name, error = %e, "cannot load the base layer: capturing fully");
+            None
+        }
+    }
 }
 
 /// Test hook `DuringCriuDump`: a CRIU action script that, once the process tree is dumped but

@@ -19,9 +19,10 @@ pub mod state;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use belayer_ipc::{SandboxInfo, SandboxSpec};
+use belayer_overlay::layer::LayerManifest;
 use serde::{Deserialize, Serialize};
 pub use state::SandboxState;
 
@@ -193,6 +194,9 @@ pub struct SandboxSlot {
     rec: Mutex<SandboxRecord>,
     /// Paths.
     pub paths: SandboxPaths,
+    /// Base of the next incremental upper-layer capture: the layer manifest of the last
+    /// checkpoint or restore of instance `.0`, keyed to that instance's inodes.
+    layer_base: Mutex<Option<(u32, Arc<LayerManifest>)>>,
 }
 
 impl SandboxSlot {
@@ -202,7 +206,27 @@ impl SandboxSlot {
             op: Mutex::new(()),
             rec: Mutex::new(rec),
             paths,
+            layer_base: Mutex::new(None),
         }
+    }
+
+    /// The base for an incremental capture of instance `instance`, if one is known.
+    pub fn layer_base(&self, instance: u32) -> Option<Arc<LayerManifest>> {
+        let base = self.layer_base.lock().unwrap_or_else(|p| p.into_inner());
+        base.as_ref()
+            .filter(|(n, _)| *n == instance)
+            .map(|(_, m)| m.clone())
+    }
+
+    /// The base for an incremental capture, whichever instance it belongs to.
+    pub fn any_layer_base(&self) -> Option<Arc<LayerManifest>> {
+        let base = self.layer_base.lock().unwrap_or_else(|p| p.into_inner());
+        base.as_ref().map(|(_, m)| m.clone())
+    }
+
+    /// Records the base for the next incremental capture (`None`: capture fully next time).
+    pub fn set_layer_base(&self, base: Option<(u32, Arc<LayerManifest>)>) {
+        *self.layer_base.lock().unwrap_or_else(|p| p.into_inner()) = base;
     }
 
     /// Locks the record.

@@ -2,9 +2,11 @@
 //! alignment").
 //!
 //! 1. verify the ready checkpoint (manifest, sizes, blake3 digests) before touching anything;
-//! 2. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete);
-//! 3. build a fresh instance: install F_k into a new upper dir, mount the overlay, create the
-//!    cgroup;
+//! 2. materialize F_k into the upper dir of a fresh instance from its layer manifest and the
+//!    blob store, re-hashing every blob as it is copied (a corrupt checkpoint still costs the
+//!    failed instance nothing);
+//! 3. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete),
+//!    then mount the fresh instance's overlay and create its cgroup;
 //! 4. CRIU-restore R_k into it (`--root` the new merged dir);
 //! 5. hand back L_k.
 //!
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use belayer_criu::{NetworkLock, RestoreRequest};
 use belayer_ipc::{ErrorCode, RestoreInfo, RestoreTimings, RestoreValidity};
+use belayer_overlay::layer::{layer_digest, materialize_layer, LayerManifest, MaterializeOptions};
 
 use super::create::{CreateError, Instance};
 use super::{RecordError, SandboxPaths, SandboxSlot, SandboxState};
@@ -97,6 +100,10 @@ impl RestoreError {
     pub fn code(&self) -> ErrorCode {
         match self {
             RestoreError::Corrupt { .. } => ErrorCode::CorruptCheckpoint,
+            RestoreError::FsInstall {
+                source: belayer_overlay::InstallError::Blob { .. },
+                ..
+            } => ErrorCode::CorruptCheckpoint,
             _ => ErrorCode::RestoreFailed,
         }
     }
@@ -137,23 +144,20 @@ pub fn restore(
         Some(m) => store.read_context(m)?,
         None => Vec::new(),
     };
+    let layer = match &manifest {
+        Some(m) => Some(store.load_layer(m).map_err(|source| RestoreError::Corrupt {
+            id: id.clone(),
+            source,
+        })?),
+        None => None,
+    };
     t.verify = ms(t_verify);
     let lower = rt
         .images
         .rootfs(&rec.spec.image)
         .map_err(CreateError::from)?;
 
-    // 2. Tear down the failed instance (untraced: these kills are the agent's own).
-    slot.set_state(SandboxState::Restoring)?;
-    rt.tracer.untrack(&id);
-    let t_down = Instant::now();
-    teardown(slot).map_err(|source| RestoreError::Teardown {
-        id: id.clone(),
-        source,
-    })?;
-    t.teardown = ms(t_down);
-
-    // 3. A fresh instance.
+    // 2. F_k into a fresh instance's upper dir, before the failed instance is touched.
     let n = rec.instance + 1;
     let t_fs = Instant::now();
     let inst_dir = slot.paths.instance(n);
@@ -168,25 +172,41 @@ pub fn restore(
         path: upper.clone(),
         source,
     })?;
-    if let Some(m) = &manifest {
-        let archive = store.path(&m.checkpoint).join(&m.upper.path);
-        belayer_overlay::install_upper(&archive, &upper, &Default::default()).map_err(
-            |source| RestoreError::FsInstall {
-                id: id.clone(),
-                source,
-            },
-        )?;
+    let mut base = None;
+    if let Some(layer) = &layer {
+        let opts = MaterializeOptions::default();
+        match materialize_layer(layer, &rt.blobs, &upper, &opts) {
+            Ok((_, rekeyed)) => base = Some((n, std::sync::Arc::new(rekeyed))),
+            Err(source) => {
+                let _ = fs::remove_dir_all(&inst_dir);
+                return Err(RestoreError::FsInstall {
+                    id: id.clone(),
+                    source,
+                });
+            }
+        }
     }
     t.fs_install = ms(t_fs);
-    let fs_matches = match (&manifest, verify) {
-        (Some(m), true) => Some(upper_matches(slot, &upper, &m.upper.digest)?),
+    let fs_matches = match (&layer, verify) {
+        (Some(layer), true) => Some(upper_matches(&id, &upper, layer)?),
         _ => None,
     };
+
+    // 3. Tear down the failed instance (untraced: these kills are the agent's own).
+    slot.set_state(SandboxState::Restoring)?;
+    rt.tracer.untrack(&id);
+    let t_down = Instant::now();
+    teardown(slot).map_err(|source| RestoreError::Teardown {
+        id: id.clone(),
+        source,
+    })?;
+    t.teardown = ms(t_down);
     let mut snapshot = slot.record().clone();
     snapshot.instance = n;
     let instance = Instance::prepare(rt, &snapshot, &slot.paths, n, &lower)?;
 
     // 4. Processes.
+    slot.set_layer_base(base);
     let t_criu = Instant::now();
     let mut restored_processes = None;
     let (pid, start) = match &manifest {
@@ -268,24 +288,18 @@ pub fn restore(
     })
 }
 
-/// Captures the freshly installed upper layer again and compares its digest with the
-/// checkpoint's (capture is deterministic, so equal trees give equal archives).
+/// Reads the freshly materialized upper layer again and compares its content digest with
+/// the checkpoint's layer manifest (equal trees have equal content digests).
 fn upper_matches(
-    slot: &SandboxSlot,
+    id: &str,
     upper: &std::path::Path,
-    digest: &str,
+    layer: &LayerManifest,
 ) -> Result<bool, RestoreError> {
-    let archive = slot.paths.dir.join("verify-upper.tar");
-    let _ = fs::remove_file(&archive);
-    let id = slot.record().id.clone();
-    belayer_overlay::capture_upper(upper, &archive)
-        .map_err(|source| RestoreError::Verify { id, source })?;
-    let matches = crate::store::digest_file(&archive).map_err(|source| RestoreError::Dirs {
-        path: archive.clone(),
+    let digest = layer_digest(upper, &Default::default()).map_err(|source| RestoreError::Verify {
+        id: id.to_string(),
         source,
-    })? == digest;
-    let _ = fs::remove_file(&archive);
-    Ok(matches)
+    })?;
+    Ok(digest == layer.content_digest())
 }
 
 /// Sends SIGCONT to every task of a tree CRIU left stopped.

@@ -8,13 +8,17 @@ use std::path::{Component, Path};
 use belayer_ipc::CheckpointTimings;
 use serde::{Deserialize, Serialize};
 
-/// Manifest format version.
-pub const FORMAT_VERSION: u32 = 1;
+/// Manifest format version (2: F_k is a layer manifest `upper.layer` plus blobs in the
+/// node's blob store; 1 held an `upper.tar`).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Name of the layer-manifest artifact (F_k) in a checkpoint directory.
+pub const UPPER_LAYER: &str = "upper.layer";
 
 /// One file of a checkpoint: its path relative to the checkpoint directory, size and blake3.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Artifact {
-    /// Relative path, e.g. `upper.tar` or `criu/pages-1.img`.
+    /// Relative path, e.g. `upper.layer` or `criu/pages-1.img`.
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
@@ -60,8 +64,11 @@ pub struct Manifest {
     pub instance: u32,
     /// L_k.
     pub context: ContextRecord,
-    /// F_k: the upper-layer archive.
+    /// F_k: the layer manifest ([`UPPER_LAYER`]); its file data are blobs in the node's
+    /// blob store.
     pub upper: Artifact,
+    /// What the capture of F_k read and stored.
+    pub layer: LayerSummary,
     /// R_k: the CRIU image files.
     pub criu: Vec<Artifact>,
     /// Processes of the sandbox when it was frozen, `"<pid in the sandbox> <comm>"`, sorted.
@@ -73,6 +80,29 @@ pub struct Manifest {
     pub created_unix_ms: u64,
 }
 
+/// Summary of the upper-layer capture of a checkpoint (paper: incremental F_k).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerSummary {
+    /// Entries in the upper layer.
+    pub entries: u64,
+    /// Bytes of file data in the layer (holes excluded).
+    pub data_bytes: u64,
+    /// Entries taken over from the previous capture without reading them.
+    pub reused: u64,
+    /// Bytes of file data read by this capture (the delta).
+    pub bytes_read: u64,
+    /// Blobs this checkpoint added to the store.
+    pub new_blobs: u64,
+    /// Bytes this checkpoint added to the store.
+    pub new_blob_bytes: u64,
+    /// Distinct blobs the layer refers to.
+    pub blobs: u64,
+    /// Paths deleted since the previous capture.
+    pub removed: u64,
+    /// Whether the capture was incremental (had a base manifest).
+    pub incremental: bool,
+}
+
 impl Manifest {
     /// Every artifact, context first.
     pub fn artifacts(&self) -> impl Iterator<Item = &Artifact> {
@@ -81,8 +111,8 @@ impl Manifest {
             .chain(self.criu.iter())
     }
 
-    /// Total bytes of all artifacts.
+    /// Bytes this checkpoint added to disk: its artifacts plus its new blobs.
     pub fn bytes(&self) -> u64 {
-        self.artifacts().map(|a| a.bytes).sum()
+        self.artifacts().map(|a| a.bytes).sum::<u64>() + self.layer.new_blob_bytes
     }
 }

@@ -14,7 +14,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-pub use manifest::{Artifact, ContextRecord, Manifest, FORMAT_VERSION};
+pub use manifest::{Artifact, ContextRecord, LayerSummary, Manifest, FORMAT_VERSION, UPPER_LAYER};
 
 use crate::sys;
 
@@ -53,6 +53,15 @@ pub enum StoreError {
         path: String,
         /// What differs.
         reason: String,
+    },
+    /// The layer manifest F_k does not decode.
+    #[error("checkpoint {checkpoint}: bad layer manifest")]
+    BadLayer {
+        /// Checkpoint name.
+        checkpoint: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::layer::ManifestError,
     },
     /// The ready pointer names a checkpoint that does not exist.
     #[error("ready pointer names missing checkpoint {0}")]
@@ -165,6 +174,15 @@ impl CheckpointStore {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Names of every published checkpoint, ready or not, in publication order.
+    pub fn names(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .published_names()?
+            .into_iter()
+            .map(|(_, name)| name)
+            .collect())
     }
 
     /// Starts a new checkpoint of prefix `prefix` in a fresh staging directory.
@@ -316,10 +334,30 @@ impl CheckpointStore {
         fs::read(&p).map_err(io("read", &p))
     }
 
+    /// Reads and decodes the layer manifest F_k of `m` (verify the checkpoint first).
+    pub fn load_layer(
+        &self,
+        m: &Manifest,
+    ) -> Result<belayer_overlay::layer::LayerManifest, StoreError> {
+        let p = self.dir.join(&m.checkpoint).join(&m.upper.path);
+        let bytes = fs::read(&p).map_err(io("read", &p))?;
+        belayer_overlay::layer::LayerManifest::decode(&bytes).map_err(|source| {
+            StoreError::BadLayer {
+                checkpoint: m.checkpoint.clone(),
+                source,
+            }
+        })
+    }
+
     /// Deletes checkpoint `name`.
+    /// Returns the bytes of its artifacts (its blobs are freed by the blob collection once no
+    /// other checkpoint refers to them).
     pub fn remove(&self, name: &str) -> Result<u64, StoreError> {
         let p = self.dir.join(name);
-        let bytes = self.load(name).map(|m| m.bytes()).unwrap_or(0);
+        let bytes = self
+            .load(name)
+            .map(|m| m.artifacts().map(|a| a.bytes).sum())
+            .unwrap_or(0);
         fs::remove_dir_all(&p).map_err(io("rmdir", &p))?;
         Ok(bytes)
     }
@@ -359,7 +397,7 @@ mod tests {
 
     fn manifest(store: &CheckpointStore, staging: &Staging, prefix: u64) -> Manifest {
         fs::write(staging.dir().join("context.bin"), b"ctx").unwrap();
-        fs::write(staging.dir().join("upper.tar"), b"tar").unwrap();
+        fs::write(staging.dir().join(UPPER_LAYER), b"layer").unwrap();
         let m = Manifest {
             format: FORMAT_VERSION,
             sandbox: "sb".into(),
@@ -372,7 +410,8 @@ mod tests {
                 record: format!("sb/k{prefix}"),
                 artifact: artifact(staging.dir(), "context.bin").unwrap(),
             },
-            upper: artifact(staging.dir(), "upper.tar").unwrap(),
+            upper: artifact(staging.dir(), UPPER_LAYER).unwrap(),
+            layer: LayerSummary::default(),
             criu: vec![],
             processes: vec![],
             timings_ms: Default::default(),
@@ -406,7 +445,7 @@ mod tests {
         let m = store.verify(&s2.name()).unwrap();
         assert_eq!(store.read_context(&m).unwrap(), b"ctx");
         // Flip one byte → corrupt.
-        let p = store.path(&s2.name()).join("upper.tar");
+        let p = store.path(&s2.name()).join(UPPER_LAYER);
         fs::write(&p, b"taR").unwrap();
         assert!(matches!(
             store.verify(&s2.name()),
