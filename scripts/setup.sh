@@ -40,6 +40,8 @@ apt_packages=(
   busybox-static debootstrap debian-archive-keyring iproute2 xz-utils zstd tar
   # CRIU runs iptables-restore to lock the network of a sandbox in its own net namespace
   iptables
+  # `belayer bench capture` compares against runc checkpoint/restore
+  runc
   # test helpers, rustup bootstrap, shell lint
   python3 curl ca-certificates util-linux kmod shellcheck
 )

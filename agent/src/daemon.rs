@@ -399,6 +399,9 @@ impl Agent {
                 // Interrupted by a crash: let a dump the previous daemon started finish (it
                 // restores the freezer state it found when it exits), then thaw, and discard
                 // any unpublished checkpoint.
+                if belayer_criu::abort_gated_dump(&paths.criu_work()) {
+                    tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
+                }
                 if let Some(pid) = rec.init_pid {
                     wait_for_orphaned_dump(pid, Duration::from_secs(30));
                 }

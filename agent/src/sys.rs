@@ -255,6 +255,28 @@ pub fn loopback_up() -> SysResult<()> {
     Ok(())
 }
 
+/// A fresh network namespace with `lo` up, as an open nsfs fd (the namespace lives as long
+/// as the fd or a process in it). Made on a short-lived thread, so the caller's own
+/// namespace never changes.
+pub fn new_netns() -> SysResult<std::os::fd::OwnedFd> {
+    let made = std::thread::spawn(|| -> SysResult<std::os::fd::OwnedFd> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| SyscallError::new("unshare", "CLONE_NEWNET", e))?;
+        loopback_up()?;
+        std::fs::File::open("/proc/thread-self/ns/net")
+            .map(Into::into)
+            .map_err(|e| SyscallError::io("open", "/proc/thread-self/ns/net", e))
+    })
+    .join();
+    made.unwrap_or_else(|_| {
+        Err(SyscallError::new(
+            "unshare",
+            "CLONE_NEWNET (thread panicked)",
+            Errno::EINVAL,
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

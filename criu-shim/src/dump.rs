@@ -32,6 +32,7 @@ pub struct DumpRequest {
     network_lock: Option<NetworkLock>,
     timeout_s: Option<u32>,
     action_script: Option<PathBuf>,
+    netns: Option<PathBuf>,
     log_level: LogLevel,
 }
 
@@ -53,6 +54,15 @@ pub struct DumpStats {
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
+    /// The network namespace to run CRIU in could not be opened.
+    #[error("cannot open network namespace {}", path.display())]
+    OpenNetns {
+        /// The nsfs path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
     /// The images dir could not be read (missing, not a directory, no permission).
     #[error("cannot read images dir {}", path.display())]
     ReadImagesDir {
@@ -133,6 +143,7 @@ impl DumpRequest {
             network_lock: None,
             timeout_s: None,
             action_script: None,
+            netns: None,
             log_level: LogLevel::default(),
         }
     }
@@ -236,8 +247,19 @@ impl DumpRequest {
         self.work_dir.join(DUMP_LOG)
     }
 
+    /// Runs CRIU inside the network namespace at `path` (the tree's: `/proc/<pid>/ns/net`).
+    /// CRIU then sees the tree's namespace as its own and does not dump it: no links,
+    /// addresses, routes or firewall rules (`ip`, `iptables-save` runs), and no conntrack
+    /// table walks (≈9 ms each on a host with 262 144 conntrack buckets): ≈20–35 ms of the
+    /// frozen window for a sandbox that has only `lo`. Sockets are still dumped. Restore
+    /// into a namespace of the caller's ([`RestoreRequest::join_netns`](crate::RestoreRequest::join_netns)).
+    pub fn in_netns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.netns = Some(path.into());
+        self
+    }
+
     /// The `criu` arguments for this request.
-    fn args(&self) -> Vec<OsString> {
+    pub(crate) fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["dump".into()];
         push(&mut a, "--tree", self.pid.to_string());
         push(&mut a, "--images-dir", &self.images_dir);
@@ -296,40 +318,72 @@ impl Criu {
     /// CRIU, [`DumpError::CreateWorkDir`], [`DumpError::Spawn`], [`DumpError::Dump`] with the tail
     /// of CRIU's log, [`DumpError::MeasureImages`].
     pub fn dump(&self, req: &DumpRequest) -> Result<DumpStats, DumpError> {
-        let entries = std::fs::read_dir(&req.images_dir)
-            .map_err(|source| DumpError::ReadImagesDir {
-                path: req.images_dir.clone(),
-                source,
-            })?
-            .count();
-        if entries > 0 {
-            return Err(DumpError::ImagesDirNotEmpty {
-                path: req.images_dir.clone(),
-                entries,
-            });
-        }
+        req.check_images_dir()?;
         std::fs::create_dir_all(&req.work_dir).map_err(|source| DumpError::CreateWorkDir {
             path: req.work_dir.clone(),
             source,
         })?;
-        let done = run::run(self.path(), &req.args(), ChildSetup::Plain).map_err(|source| {
+        let done = run::run(self.path(), &req.args(), req.child_setup()?).map_err(|source| {
             DumpError::Spawn {
                 criu: self.path().to_path_buf(),
                 source,
             }
         })?;
+        req.finish(done)
+    }
+}
+
+impl DumpRequest {
+    /// What the CRIU child does before exec: enter the tree's network namespace if asked.
+    pub(crate) fn child_setup(&self) -> Result<ChildSetup, DumpError> {
+        let netns = match &self.netns {
+            Some(path) => Some(
+                std::fs::File::open(path)
+                    .map_err(|source| DumpError::OpenNetns {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .into(),
+            ),
+            None => None,
+        };
+        Ok(ChildSetup {
+            netns,
+            ..ChildSetup::default()
+        })
+    }
+
+    /// The images dir must exist and be empty.
+    pub(crate) fn check_images_dir(&self) -> Result<(), DumpError> {
+        let entries = std::fs::read_dir(&self.images_dir)
+            .map_err(|source| DumpError::ReadImagesDir {
+                path: self.images_dir.clone(),
+                source,
+            })?
+            .count();
+        if entries > 0 {
+            return Err(DumpError::ImagesDirNotEmpty {
+                path: self.images_dir.clone(),
+                entries,
+            });
+        }
+        Ok(())
+    }
+
+    /// Turns a finished `criu dump` run into stats, or its failure into a [`DumpError`].
+    pub(crate) fn finish(&self, done: run::Finished) -> Result<DumpStats, DumpError> {
         if !done.status.success() {
-            let log = LogTail::collect(&req.log_path(), &done.stderr);
-            tracing::debug!(pid = req.pid, status = %done.status, %log, "criu dump failed");
+            let log = LogTail::collect(&self.log_path(), &done.stderr);
+            tracing::debug!(pid = self.pid, status = %done.status, %log, "criu dump failed");
             return Err(DumpError::Dump {
-                pid: req.pid,
+                pid: self.pid,
                 status: done.status,
                 log,
             });
         }
         let (image_bytes, image_files) =
-            measure_dir(&req.images_dir).map_err(|source| DumpError::MeasureImages {
-                path: req.images_dir.clone(),
+            measure_dir(&self.images_dir).map_err(|source| DumpError::MeasureImages {
+                path: self.images_dir.clone(),
                 source,
             })?;
         let stats = DumpStats {
@@ -340,7 +394,7 @@ impl Criu {
             pages_written: stat_value(&done.stdout, "Memory pages written:"),
         };
         tracing::debug!(
-            pid = req.pid,
+            pid = self.pid,
             duration_ms = stats.duration_ms,
             frozen_ms = ?stats.frozen_ms,
             image_bytes,

@@ -202,7 +202,7 @@ impl Criu {
             guard.tmpfs = Some(backing_dir.to_path_buf());
         }
 
-        let probe = self.probe_kdat("probe", backing_dir, backing_dir, ChildSetup::Plain)?;
+        let probe = self.probe_kdat("probe", backing_dir, backing_dir, ChildSetup::default())?;
         guard.kdat_path = probe.kdat_path.clone();
         let run_dir = probe
             .kdat_path
@@ -224,9 +224,9 @@ impl Criu {
         // Prime: CRIU sees the backing tmpfs as its RUNDIR and saves the cache there.
         let cached = backing_dir.join(KDAT_FILE_NAME);
         let _ = std::fs::remove_file(&cached);
-        let setup = ChildSetup::PrivateBind {
-            source: c_path(backing_dir)?,
-            target: c_path(&run_dir)?,
+        let setup = ChildSetup {
+            private_bind: Some((c_path(backing_dir)?, c_path(&run_dir)?)),
+            ..ChildSetup::default()
         };
         // Inside that namespace the backing tmpfs *is* `run_dir`: the log goes there.
         self.probe_kdat("prime", &run_dir, backing_dir, setup)?;
@@ -247,7 +247,7 @@ impl Criu {
         guard.bind(&cached)?;
         guard.mode = KdatMode::Bound;
 
-        let verify = self.probe_kdat("verify", backing_dir, backing_dir, ChildSetup::Plain)?;
+        let verify = self.probe_kdat("verify", backing_dir, backing_dir, ChildSetup::default())?;
         if !verify.loaded {
             return Err(KdatError::NotLoaded {
                 log: LogTail::collect(&backing_dir.join(log_name("verify")), ""),

@@ -81,6 +81,7 @@
 #![warn(missing_docs)]
 
 mod dump;
+mod gate;
 pub mod kdat;
 mod locate;
 pub mod log;
@@ -90,6 +91,7 @@ mod run;
 mod sys;
 
 pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUMP_LOG};
+pub use gate::{abort_gated_dump, GatedDumpError};
 pub use kdat::{KdatCache, KdatError, KdatMode};
 pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN_MAJOR_VERSION};
 pub use log::{LogLevel, LogTail};

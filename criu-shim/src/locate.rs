@@ -109,12 +109,13 @@ impl Criu {
                 searched: candidates,
             });
         };
-        let done = run::run(&path, &["--version".into()], ChildSetup::Plain).map_err(|source| {
-            LocateError::RunVersion {
-                path: path.clone(),
-                source,
-            }
-        })?;
+        let done =
+            run::run(&path, &["--version".into()], ChildSetup::default()).map_err(|source| {
+                LocateError::RunVersion {
+                    path: path.clone(),
+                    source,
+                }
+            })?;
         let parsed = if done.status.success() {
             parse_version(&done.stdout)
         } else {
@@ -158,7 +159,7 @@ impl Criu {
     /// Errors: [`CheckError::Failed`] carries CRIU's output, [`CheckError::Run`] when it cannot start.
     pub fn check(&self) -> Result<(), CheckError> {
         let done =
-            run::run(&self.path, &["check".into()], ChildSetup::Plain).map_err(|source| {
+            run::run(&self.path, &["check".into()], ChildSetup::default()).map_err(|source| {
                 CheckError::Run {
                     path: self.path.clone(),
                     source,

@@ -33,6 +33,7 @@ pub struct RestoreRequest {
     manage_cgroups: bool,
     network_lock: Option<NetworkLock>,
     join_cgroups: Vec<PathBuf>,
+    netns: Option<PathBuf>,
     log_level: LogLevel,
 }
 
@@ -69,6 +70,15 @@ pub enum RestoreError {
     #[error("cannot remove stale pidfile {}", path.display())]
     RemoveStalePidfile {
         /// The pidfile.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The network namespace to join could not be opened.
+    #[error("cannot open network namespace {}", path.display())]
+    OpenNetns {
+        /// The nsfs path.
         path: PathBuf,
         /// The I/O error.
         #[source]
@@ -141,8 +151,18 @@ impl RestoreRequest {
             manage_cgroups: false,
             network_lock: None,
             join_cgroups: Vec::new(),
+            netns: None,
             log_level: LogLevel::default(),
         }
+    }
+
+    /// Restores a tree dumped with [`DumpRequest::in_netns`](crate::DumpRequest::in_netns)
+    /// into the network namespace at `path` (an nsfs file: `/proc/<pid>/ns/net`, or
+    /// `/proc/self/fd/<n>` of an open one): CRIU runs inside it, and the restored tree,
+    /// whose namespace the images do not describe, stays in it.
+    pub fn join_netns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.netns = Some(path.into());
+        self
     }
 
     /// `--root DIR`: the restored mount namespace gets `dir` as its root; for a sandbox, the merged
@@ -310,11 +330,22 @@ impl Criu {
                 })
             }
         }
-        let procs = open_cgroup_procs(&req.join_cgroups)?;
-        let setup = if procs.is_empty() {
-            ChildSetup::Plain
-        } else {
-            ChildSetup::JoinCgroups(procs)
+        let cgroups = open_cgroup_procs(&req.join_cgroups)?;
+        let netns = match &req.netns {
+            Some(path) => Some(
+                std::fs::File::open(path)
+                    .map_err(|source| RestoreError::OpenNetns {
+                        path: path.clone(),
+                        source,
+                    })?
+                    .into(),
+            ),
+            None => None,
+        };
+        let setup = ChildSetup {
+            netns,
+            cgroups,
+            private_bind: None,
         };
         let done =
             run::run(self.path(), &req.args(), setup).map_err(|source| RestoreError::Spawn {

@@ -12,20 +12,15 @@ use crate::sys;
 
 /// What the child does between `fork` and `exec`, besides marking inherited fds close-on-exec.
 #[derive(Debug, Default)]
-pub(crate) enum ChildSetup {
-    /// Nothing more.
-    #[default]
-    Plain,
-    /// Join these cgroups (open `cgroup.procs` files) first, so that what CRIU forks (the restored
+pub(crate) struct ChildSetup {
+    /// Enter this network namespace (an open nsfs fd) first: CRIU then treats the tree's
+    /// network namespace as its own and neither dumps nor recreates it.
+    pub netns: Option<OwnedFd>,
+    /// Join these cgroups (open `cgroup.procs` files), so that what CRIU forks (the restored
     /// tree) is born in them.
-    JoinCgroups(Vec<OwnedFd>),
-    /// Run in a private mount namespace with `source` bind-mounted over `target`.
-    PrivateBind {
-        /// Mounted over `target`.
-        source: CString,
-        /// The covered directory.
-        target: CString,
-    },
+    pub cgroups: Vec<OwnedFd>,
+    /// Run in a private mount namespace with `.0` bind-mounted over `.1`.
+    pub private_bind: Option<(CString, CString)>,
 }
 
 /// One finished `criu` run.
@@ -55,20 +50,18 @@ pub(crate) fn run(criu: &Path, args: &[OsString], setup: ChildSetup) -> io::Resu
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // SAFETY: the hook runs in the forked child before exec. It only calls async-signal-safe
-    // syscalls (write, unshare, mount, close_range) on fds and C strings created before the fork,
+    // syscalls (setns, write, unshare, mount, close_range) on fds and C strings created before the fork,
     // and does not allocate: the closure owns `setup`, and errors are built from raw errnos.
     unsafe {
         cmd.pre_exec(move || {
-            match &setup {
-                ChildSetup::Plain => {}
-                ChildSetup::JoinCgroups(procs) => {
-                    for fd in procs {
-                        sys::child_join_cgroup(fd.as_fd())?;
-                    }
-                }
-                ChildSetup::PrivateBind { source, target } => {
-                    sys::child_private_bind(source, target)?;
-                }
+            if let Some(fd) = &setup.netns {
+                sys::child_enter_netns(fd.as_fd())?;
+            }
+            for fd in &setup.cgroups {
+                sys::child_join_cgroup(fd.as_fd())?;
+            }
+            if let Some((source, target)) = &setup.private_bind {
+                sys::child_private_bind(source, target)?;
             }
             sys::child_mark_fds_cloexec()
         });
@@ -100,7 +93,7 @@ mod tests {
         let done = run(
             Path::new("/bin/sh"),
             &["-c".into(), "echo out; echo err >&2; exit 3".into()],
-            ChildSetup::Plain,
+            ChildSetup::default(),
         )
         .unwrap();
         assert_eq!(done.status.code(), Some(3));
@@ -122,7 +115,7 @@ mod tests {
         let done = run(
             Path::new("/bin/sh"),
             &["-c".into(), format!("test -e /proc/self/fd/{raw}").into()],
-            ChildSetup::Plain,
+            ChildSetup::default(),
         )
         .unwrap();
         assert_eq!(
@@ -134,7 +127,7 @@ mod tests {
 
     #[test]
     fn missing_binary_is_an_error() {
-        let err = run(Path::new("/nonexistent/criu"), &[], ChildSetup::Plain).unwrap_err();
+        let err = run(Path::new("/nonexistent/criu"), &[], ChildSetup::default()).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
     }
 }

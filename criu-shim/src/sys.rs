@@ -94,6 +94,12 @@ pub(crate) fn child_mark_fds_cloexec() -> io::Result<()> {
     }
 }
 
+/// In a forked child: enters the network namespace open as `fd`.
+pub(crate) fn child_enter_netns(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sched::setns(fd, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))
+}
+
 /// In a forked child: moves this process into the cgroup whose `cgroup.procs` is open as `procs`
 /// (writing `"0"` names the writer).
 pub(crate) fn child_join_cgroup(procs: BorrowedFd<'_>) -> io::Result<()> {

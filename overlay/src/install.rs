@@ -682,4 +682,3 @@ fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member
         xattrs,
     })
 }
-

@@ -48,9 +48,16 @@ pub(crate) struct Member {
 pub(crate) enum MemberKind {
     Directory,
     /// A regular file of `size` bytes (apparent size, holes included).
-    Regular { size: u64, data: RegularData },
-    Symlink { target: Vec<u8> },
-    Hardlink { target: Vec<Vec<u8>> },
+    Regular {
+        size: u64,
+        data: RegularData,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+    Hardlink {
+        target: Vec<Vec<u8>>,
+    },
     Whiteout,
     Fifo,
 }
@@ -359,12 +366,13 @@ impl<'a> Installer<'a> {
                 if size == 0 {
                     return Ok(0);
                 }
-                let copied = sys::copy_range(archive.as_fd(), *offset, fd, 0, size).map_err(
-                    |source| InstallError::CopyContent {
-                        path: path_of(raw),
-                        source,
-                    },
-                )?;
+                let copied =
+                    sys::copy_range(archive.as_fd(), *offset, fd, 0, size).map_err(|source| {
+                        InstallError::CopyContent {
+                            path: path_of(raw),
+                            source,
+                        }
+                    })?;
                 if copied < size {
                     return Err(InstallError::ArchiveTruncated {
                         path: path_of(raw),
@@ -386,12 +394,14 @@ impl<'a> Installer<'a> {
                         })?;
                 }
                 match blob {
-                    Some(blob) => store
-                        .write_extents(blob, extents, fd, *verify)
-                        .map_err(|source| InstallError::Blob {
-                            path: path_of(raw),
-                            source,
-                        }),
+                    Some(blob) => {
+                        store
+                            .write_extents(blob, extents, fd, *verify)
+                            .map_err(|source| InstallError::Blob {
+                                path: path_of(raw),
+                                source,
+                            })
+                    }
                     None => Ok(0),
                 }
             }

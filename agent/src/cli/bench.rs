@@ -48,6 +48,9 @@ pub enum BenchCmd {
     /// Worker handover: kill -9 of the main worker under streaming load, Belayer vs the
     /// conventional baseline.
     Handover(crate::handover::bench::HandoverBenchArgs),
+    /// Checkpoint/restore side by side on the same workloads: Belayer, a hand-rolled
+    /// unshare + overlayfs + tar + CRIU sandbox, and runc.
+    Capture(super::bench_capture::CaptureArgs),
 }
 
 /// Medians of one workload, milliseconds.
@@ -89,7 +92,7 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
-fn ensure_image(c: &mut Client, name: &str, rootfs: &Path) -> Result<()> {
+pub(super) fn ensure_image(c: &mut Client, name: &str, rootfs: &Path) -> Result<()> {
     if let Response::Images(list) = call(c, Request::ListImages)? {
         if list.iter().any(|i| i.name == name) {
             return Ok(());
@@ -129,7 +132,9 @@ fn exec(c: &mut Client, id: &str, cmd: &str) -> Result<()> {
     }
 }
 
-fn workload(
+/// Creates a sandbox of `image`, runs `setup` in it, then `runs` checkpoint + restore cycles;
+/// removes the sandbox whatever happens.
+pub(super) fn workload(
     c: &mut Client,
     name: &str,
     image: &str,
@@ -228,6 +233,7 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
         BenchCmd::Memory(args) => return crate::memory::bench::run(&args, json),
         BenchCmd::Tracer(args) => return crate::trace::bench::run(&args, json),
         BenchCmd::Handover(args) => return crate::handover::bench::run(&args, json),
+        BenchCmd::Capture(args) => return super::bench_capture::run(socket, &args, json),
     };
     if runs == 0 {
         bail!("--runs must be at least 1");

@@ -5,6 +5,7 @@
 //! daemon cannot be reached.
 
 pub mod bench;
+pub mod bench_capture;
 pub mod embedded;
 pub mod output;
 

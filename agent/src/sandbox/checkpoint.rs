@@ -1,7 +1,9 @@
 //! `checkpoint`: full_checkpoint (paper: "Environment-state recovery", Fig. 6; DESIGN.md
 //! invariants "state agreement" and "atomic publication").
 //!
-//! 1. freeze the sandbox cgroup and wait until every task is frozen;
+//! 1. start CRIU; once it is ready to seize the tree (its `pre-dump` stage, see
+//!    [`belayer_criu::Criu::dump_gated`]), freeze the sandbox cgroup and wait until every task
+//!    is frozen;
 //! 2. capture the overlay upper layer F_k incrementally: walk it, take unchanged entries over
 //!    from the previous capture of this instance, read changed files (see
 //!    [`belayer_overlay::layer`]);
@@ -15,6 +17,11 @@
 //! A shared lease on the blob store is held from before the freeze until the pointer moved,
 //! so a blob collection never removes a blob this checkpoint refers to.
 //!
+//! CRIU runs inside the sandbox's network namespace, so it does not dump that namespace (only
+//! its sockets): a sandbox's namespace holds nothing but `lo`, and dumping it meant running
+//! `ip` and `iptables-save` and walking the host's conntrack table inside the frozen window;
+//! restore runs CRIU inside a fresh namespace with `lo` up.
+//!
 //! CRIU's network lock is skipped: a sandbox's network namespace has only `lo`, and every task
 //! that could send on it is frozen for the whole dump (the iptables lock/unlock alone cost
 //! ≈45 ms per dump here).
@@ -26,12 +33,12 @@
 use std::fs;
 use std::time::Instant;
 
-use belayer_criu::{DumpRequest, NetworkLock};
-use belayer_overlay::layer::{capture_layer, LayerCaptureOptions, LayerManifest};
-use belayer_overlay::CaptureError;
+use belayer_criu::{DumpRequest, GatedDumpError, NetworkLock};
 use belayer_ipc::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault,
 };
+use belayer_overlay::layer::{capture_layer, LayerCaptureOptions, LayerManifest};
+use belayer_overlay::CaptureError;
 
 use super::{RecordError, SandboxSlot, SandboxState};
 use crate::cgroup::{CgroupError, SandboxCgroup};
@@ -73,6 +80,18 @@ pub enum CheckpointError {
         /// Cause.
         #[source]
         source: belayer_overlay::CaptureError,
+    },
+    /// CRIU could not be brought to the point of seizing the tree (its dump gate in the CRIU
+    /// work dir failed, or CRIU exited or stalled before it).
+    #[error("cannot start the CRIU dump of sandbox {id} ({path})")]
+    DumpStart {
+        /// Sandbox id.
+        id: String,
+        /// The gate file involved.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
     },
     /// The CRIU dump failed.
     #[error("CRIU dump of sandbox {id} failed")]
@@ -210,47 +229,74 @@ fn take(
         .or_else(|| ready_layer(&store, rec.instance));
     let mut t = CheckpointTimings::default();
 
-    // Frozen window: F_k and R_k at the same action boundary.
-    let t_freeze = Instant::now();
-    let frozen = cgroup
-        .freeze(std::time::Duration::from_millis(
-            rt.config.freeze_timeout_ms,
-        ))
-        .map_err(|source| CheckpointError::Freeze {
-            id: id.clone(),
-            source,
-        })?;
-    t.freeze = ms(t_freeze);
-    fault(req.fault, FailPoint::AfterFreeze)?;
-    let processes = super::process_list(&cgroup);
-
-    let t_fs = Instant::now();
-    let pending = capture_layer(
-        &slot.paths.upper(rec.instance),
-        base.as_deref(),
-        &rt.blobs,
-        &LayerCaptureOptions::default(),
-    )
-    .map_err(fs_err)?;
-    t.fs_capture = ms(t_fs);
-    fault(req.fault, FailPoint::AfterFsCapture)?;
-
-    let t_dump = Instant::now();
-    let dump = DumpRequest::new(rec.init_pid.unwrap_or(0), &criu_dir, &work)
+    let init_pid = rec.init_pid.unwrap_or(0);
+    let dump = DumpRequest::new(init_pid, &criu_dir, &work)
+        .in_netns(format!("/proc/{init_pid}/ns/net"))
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
         .file_locks(true)
         .network_lock(Some(NetworkLock::Skip));
     let dump = dump.action_script(fault_during_dump(req.fault, &work)?);
-    rt.criu
-        .dump(&dump)
-        .map_err(|source| CheckpointError::Dump {
-            id: id.clone(),
-            source,
-        })?;
-    t.criu_dump = ms(t_dump);
-    drop(frozen);
-    t.frozen_total = ms(t_freeze);
+
+    // Frozen window: F_k and R_k at the same action boundary. CRIU starts first and calls
+    // back when it is ready to seize the tree; the freeze and the upper-layer capture happen
+    // then, so CRIU's start-up stays out of the window.
+    let gated = rt.criu.dump_gated(&dump, || {
+        let t_freeze = Instant::now();
+        let frozen = cgroup
+            .freeze(std::time::Duration::from_millis(
+                rt.config.freeze_timeout_ms,
+            ))
+            .map_err(|source| CheckpointError::Freeze {
+                id: id.clone(),
+                source,
+            })?;
+        let freeze_ms = ms(t_freeze);
+        fault(req.fault, FailPoint::AfterFreeze)?;
+        let processes = super::process_list(&cgroup);
+        let t_fs = Instant::now();
+        let pending = capture_layer(
+            &slot.paths.upper(rec.instance),
+            base.as_deref(),
+            &rt.blobs,
+            &LayerCaptureOptions::default(),
+        )
+        .map_err(fs_err)?;
+        let fs_ms = ms(t_fs);
+        fault(req.fault, FailPoint::AfterFsCapture)?;
+        Ok(Frozen {
+            guard: frozen,
+            since: t_freeze,
+            freeze_ms,
+            fs_ms,
+            processes,
+            pending,
+            dump_started: Instant::now(),
+        })
+    });
+    let frozen = match gated {
+        Ok((_, frozen)) => frozen,
+        Err(GatedDumpError::Gate(e)) => return Err(e),
+        Err(GatedDumpError::Dump(source)) => {
+            return Err(CheckpointError::Dump {
+                id: id.clone(),
+                source,
+            })
+        }
+        Err(GatedDumpError::Setup { path, source }) => {
+            return Err(CheckpointError::DumpStart {
+                id: id.clone(),
+                path,
+                source,
+            })
+        }
+    };
+    t.freeze = frozen.freeze_ms;
+    t.fs_capture = frozen.fs_ms;
+    t.criu_dump = ms(frozen.dump_started);
+    let (processes, pending) = (frozen.processes, frozen.pending);
+    drop(frozen.guard);
+    t.frozen_total = ms(frozen.since);
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
@@ -345,6 +391,17 @@ fn take(
         timings_ms: t,
         created_unix_ms: manifest.created_unix_ms,
     })
+}
+
+/// What the frozen part of a checkpoint hands to the dump and the publication.
+struct Frozen<'c, 's> {
+    guard: crate::cgroup::FrozenGuard<'c>,
+    since: Instant,
+    freeze_ms: f64,
+    fs_ms: f64,
+    processes: Vec<String>,
+    pending: belayer_overlay::layer::PendingLayer<'s>,
+    dump_started: Instant,
 }
 
 /// The layer manifest of the ready checkpoint when it was taken of instance `instance` (the

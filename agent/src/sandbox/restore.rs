@@ -78,6 +78,15 @@ pub enum RestoreError {
         #[source]
         source: belayer_overlay::CaptureError,
     },
+    /// The fresh network namespace could not be made.
+    #[error("cannot make a network namespace for sandbox {id}")]
+    Netns {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: sys::SyscallError,
+    },
     /// Store access failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -145,10 +154,14 @@ pub fn restore(
         None => Vec::new(),
     };
     let layer = match &manifest {
-        Some(m) => Some(store.load_layer(m).map_err(|source| RestoreError::Corrupt {
-            id: id.clone(),
-            source,
-        })?),
+        Some(m) => Some(
+            store
+                .load_layer(m)
+                .map_err(|source| RestoreError::Corrupt {
+                    id: id.clone(),
+                    source,
+                })?,
+        ),
         None => None,
     };
     t.verify = ms(t_verify);
@@ -218,6 +231,10 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
+            let netns = sys::new_netns().map_err(|source| RestoreError::Netns {
+                id: id.clone(),
+                source,
+            })?;
             let mut instance = instance;
             let cgroup_dirs = instance
                 .cgroup()
@@ -230,6 +247,10 @@ pub fn restore(
                 .file_locks(true)
                 .network_lock(Some(NetworkLock::Skip))
                 .leave_stopped(verify)
+                .join_netns(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&netns)
+                ))
                 .join_cgroups(cgroup_dirs);
             let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
                 id: id.clone(),
@@ -295,10 +316,11 @@ fn upper_matches(
     upper: &std::path::Path,
     layer: &LayerManifest,
 ) -> Result<bool, RestoreError> {
-    let digest = layer_digest(upper, &Default::default()).map_err(|source| RestoreError::Verify {
-        id: id.to_string(),
-        source,
-    })?;
+    let digest =
+        layer_digest(upper, &Default::default()).map_err(|source| RestoreError::Verify {
+            id: id.to_string(),
+            source,
+        })?;
     Ok(digest == layer.content_digest())
 }
 

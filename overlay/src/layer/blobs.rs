@@ -171,10 +171,11 @@ impl BlobStore {
 
     /// A new, empty staging file (mode 0600) and its path.
     pub(crate) fn staging_file(&self) -> Result<(File, PathBuf), BlobError> {
-        let path = self
-            .dir
-            .join(".staging")
-            .join(format!("s-{}-{:016x}", std::process::id(), random_u64()));
+        let path = self.dir.join(".staging").join(format!(
+            "s-{}-{:016x}",
+            std::process::id(),
+            random_u64()
+        ));
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -307,12 +308,23 @@ impl BlobStore {
             }
         }
         if verify {
+            // Reading on to the end also makes a compressed blob's frame end (and garbage
+            // after it) be checked, as `verify` does.
             let mut extra = [0u8; 1];
-            if read_full(&mut reader, &mut extra).unwrap_or(0) != 0 {
-                return Err(BlobError::Corrupt {
-                    blob: *id,
-                    reason: format!("longer than the {want} bytes of its extents"),
-                });
+            match read_full(&mut reader, &mut extra) {
+                Ok(0) => {}
+                Ok(_) => {
+                    return Err(BlobError::Corrupt {
+                        blob: *id,
+                        reason: format!("longer than the {want} bytes of its extents"),
+                    })
+                }
+                Err(e) => {
+                    return Err(BlobError::Corrupt {
+                        blob: *id,
+                        reason: format!("unreadable: {e}"),
+                    })
+                }
             }
             if BlobId(*hasher.finalize().as_bytes()) != *id {
                 return Err(BlobError::Corrupt {

@@ -47,11 +47,20 @@ pub struct LayerCaptureOptions {
 }
 
 impl Default for LayerCaptureOptions {
-    /// Default limits, 20 ms racy window (five ticks of the kernel's coarse clock at 250 Hz).
+    /// Default limits; racy window of two ticks of the coarse clock the kernel stamps file
+    /// times with (`clock_getres(CLOCK_REALTIME_COARSE)`: 8 ms at 250 Hz), at least 2 ms.
+    /// A change after the capture gets a ctime at most one tick behind the real time, so
+    /// an entry whose ctime is more than a tick older than the capture cannot be changed
+    /// without its ctime moving.
     fn default() -> Self {
+        let res = rustix::time::clock_getres(rustix::time::ClockId::RealtimeCoarse);
+        let tick = Duration::new(
+            res.tv_sec.max(0) as u64,
+            res.tv_nsec.clamp(0, 999_999_999) as u32,
+        );
         LayerCaptureOptions {
             limits: InstallLimits::default(),
-            racy_window: Duration::from_millis(20),
+            racy_window: (tick * 2).max(Duration::from_millis(2)),
         }
     }
 }
@@ -339,7 +348,12 @@ impl Walker<'_, '_> {
                     });
                 }
                 let xattrs = sys::xattrs_of_path(&proc_path()).map_err(read_err)?;
-                self.push(entry.stat, rel, EntryKind::Whiteout { major, minor }, xattrs);
+                self.push(
+                    entry.stat,
+                    rel,
+                    EntryKind::Whiteout { major, minor },
+                    xattrs,
+                );
             }
             FileType::Fifo => {
                 let xattrs = sys::xattrs_of_path(&proc_path()).map_err(read_err)?;
@@ -370,7 +384,12 @@ impl Walker<'_, '_> {
 
     /// Takes the entry over from the base manifest when its key is unchanged and outside
     /// the racy window.
-    fn try_reuse(&mut self, stat: &Statx, rel: &[u8], kind: FileType) -> Result<bool, CaptureError> {
+    fn try_reuse(
+        &mut self,
+        stat: &Statx,
+        rel: &[u8],
+        kind: FileType,
+    ) -> Result<bool, CaptureError> {
         let key = key_of(stat);
         let Some(old) = self.base.get(&key.ino) else {
             return Ok(false);
@@ -459,8 +478,7 @@ impl Walker<'_, '_> {
             match self.sink {
                 Sink::HashOnly => Some(hash_extents(fd.as_fd(), &extents, rel)?),
                 Sink::Store(store) => {
-                    if bytes <= INLINE_MAX_BYTES
-                        && self.inline_bytes + bytes <= INLINE_BUDGET_BYTES
+                    if bytes <= INLINE_MAX_BYTES && self.inline_bytes + bytes <= INLINE_BUDGET_BYTES
                     {
                         let data = read_extents(fd.as_fd(), &extents, rel)?;
                         let id = BlobId::of(&data);
@@ -519,7 +537,11 @@ fn extents_len(extents: &[Extent]) -> u64 {
     extents.iter().map(|e| e.len).sum()
 }
 
-fn read_extents(fd: BorrowedFd<'_>, extents: &[Extent], rel: &[u8]) -> Result<Vec<u8>, CaptureError> {
+fn read_extents(
+    fd: BorrowedFd<'_>,
+    extents: &[Extent],
+    rel: &[u8],
+) -> Result<Vec<u8>, CaptureError> {
     let total = extents_len(extents) as usize;
     let mut data = vec![0u8; total];
     let mut at = 0usize;
@@ -543,7 +565,11 @@ fn read_extents(fd: BorrowedFd<'_>, extents: &[Extent], rel: &[u8]) -> Result<Ve
     Ok(data)
 }
 
-fn hash_extents(fd: BorrowedFd<'_>, extents: &[Extent], rel: &[u8]) -> Result<BlobId, CaptureError> {
+fn hash_extents(
+    fd: BorrowedFd<'_>,
+    extents: &[Extent],
+    rel: &[u8],
+) -> Result<BlobId, CaptureError> {
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
     for e in extents {
@@ -601,13 +627,14 @@ impl PendingLayer<'_> {
     pub fn seal(mut self) -> Result<(LayerManifest, LayerStats), CaptureError> {
         let started = Instant::now();
         for (index, data) in std::mem::take(&mut self.inline) {
-            let EntryKind::Regular {
-                blob: Some(id), ..
-            } = &self.manifest.entries[index].kind
+            let EntryKind::Regular { blob: Some(id), .. } = &self.manifest.entries[index].kind
             else {
                 unreachable!("inline data belongs to a regular file with a blob id");
             };
-            let grew = self.store.insert_bytes(id, &data).map_err(CaptureError::Blob)?;
+            let grew = self
+                .store
+                .insert_bytes(id, &data)
+                .map_err(CaptureError::Blob)?;
             self.count_new(grew);
         }
         for (index, path) in std::mem::take(&mut self.staged) {
@@ -622,7 +649,10 @@ impl PendingLayer<'_> {
                     }));
                 }
             };
-            let grew = self.store.insert_staged(&path, &id).map_err(CaptureError::Blob)?;
+            let grew = self
+                .store
+                .insert_staged(&path, &id)
+                .map_err(CaptureError::Blob)?;
             self.count_new(grew);
             if let EntryKind::Regular { blob, .. } = &mut self.manifest.entries[index].kind {
                 *blob = Some(id);

@@ -27,7 +27,10 @@ pub(crate) fn data_extents(
         return Ok(Vec::new());
     }
     if blocks.saturating_mul(512) >= size {
-        return Ok(vec![Extent { offset: 0, len: size }]);
+        return Ok(vec![Extent {
+            offset: 0,
+            len: size,
+        }]);
     }
     let mut extents = Vec::new();
     let mut offset = 0u64;
@@ -37,7 +40,10 @@ pub(crate) fn data_extents(
             Err(Errno::NXIO) => break,
             // A filesystem without SEEK_DATA support: all data.
             Err(Errno::INVAL) if extents.is_empty() => {
-                return Ok(vec![Extent { offset: 0, len: size }])
+                return Ok(vec![Extent {
+                    offset: 0,
+                    len: size,
+                }])
             }
             Err(e) => return Err(SyscallError::new("lseek(SEEK_DATA)", e)),
         };
@@ -72,7 +78,10 @@ pub(crate) fn coalesce(extents: &[Extent], size: u64, max: usize) -> Vec<Extent>
         let mut out: Vec<Extent> = Vec::new();
         for e in extents {
             let start = e.offset / window * window;
-            let end = (e.offset + e.len).div_ceil(window).saturating_mul(window).min(size);
+            let end = (e.offset + e.len)
+                .div_ceil(window)
+                .saturating_mul(window)
+                .min(size);
             match out.last_mut() {
                 Some(last) if last.offset + last.len >= start => {
                     last.len = end.max(last.offset + last.len) - last.offset;
@@ -159,7 +168,10 @@ mod tests {
                 .iter()
                 .any(|m| m.offset <= e.offset && e.offset + e.len <= m.offset + m.len));
         }
-        assert_eq!(extents_valid(&[Extent { offset: 5, len: 0 }], 10), Err("empty extent"));
+        assert_eq!(
+            extents_valid(&[Extent { offset: 5, len: 0 }], 10),
+            Err("empty extent")
+        );
         assert!(extents_valid(&[Extent { offset: 5, len: 6 }], 10).is_err());
         assert!(extents_valid(
             &[Extent { offset: 4, len: 2 }, Extent { offset: 5, len: 1 }],

@@ -216,7 +216,9 @@ impl LayerManifest {
         let body = bytes
             .strip_prefix(MANIFEST_MAGIC.as_slice())
             .ok_or(ManifestError::BadMagic)?;
-        let (version, body) = body.split_first_chunk::<4>().ok_or(ManifestError::BadMagic)?;
+        let (version, body) = body
+            .split_first_chunk::<4>()
+            .ok_or(ManifestError::BadMagic)?;
         let version = u32::from_le_bytes(*version);
         if version != LAYER_FORMAT_VERSION {
             return Err(ManifestError::UnsupportedVersion {
@@ -358,7 +360,10 @@ mod tests {
             Err(ManifestError::TrailingBytes(1))
         ));
         for cut in 12..bytes.len() {
-            assert!(LayerManifest::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                LayerManifest::decode(&bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
         }
         // A length prefix claiming 2^60 entries fails without allocating them.
         let mut huge = bytes[..12].to_vec();

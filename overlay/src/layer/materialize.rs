@@ -7,13 +7,14 @@ use std::time::{Instant, SystemTime};
 use rustix::fs::{Mode, OFlags, CWD};
 
 use super::blobs::BlobStore;
+use super::capture::LayerCaptureOptions;
 use super::extents::extents_valid;
 use super::manifest::{EntryKind, LayerEntry, LayerManifest};
 use crate::install::{InstallError, InstallLimits, InstallStats};
 use crate::sys::{self, Call};
 use crate::tree::{
-    check_device, check_symlink_target, check_xattr, name_error, parse_hardlink_target,
-    parse_name, path_of, ContentSource, Installer, Member, MemberKind, RegularData,
+    check_device, check_symlink_target, check_xattr, name_error, parse_hardlink_target, parse_name,
+    path_of, ContentSource, Installer, Member, MemberKind, RegularData,
 };
 use crate::walk::{walk, WalkEntry, WalkErrorSink};
 
@@ -86,6 +87,10 @@ pub fn materialize_layer(
         installer.install(member_of(entry, i == 0)?)?;
     }
     let stats = installer.finish()?;
+    // Let the racy window pass, so the entries just written count as unchanged for the next
+    // capture (see `LayerCaptureOptions::racy_window`): a short wait here saves reading
+    // the most recently restored files again at the next checkpoint.
+    std::thread::sleep(LayerCaptureOptions::default().racy_window);
     let rekeyed = rekey(manifest, target)?;
     tracing::debug!(
         target = %target.display(),
@@ -202,17 +207,20 @@ impl WalkErrorSink for RekeyError {
 }
 
 /// The manifest with every entry's key read from the materialized tree, and the capture
-/// time set to now (so entries written in the last racy window are read again next time).
+/// time set to the start of that walk (so entries written in the last racy window are read
+/// again by the next capture).
 fn rekey(manifest: &LayerManifest, target: &Path) -> Result<LayerManifest, InstallError> {
+    // Before the walk: every entry was written before this instant, and a later change moves
+    // its ctime past it.
+    let d = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
     let mut keys = HashMap::with_capacity(manifest.entries.len());
     walk(target, &[], |e: &WalkEntry<'_>| {
         keys.insert(e.rel.to_vec(), super::capture::key_of(e.stat));
         Ok(())
     })
     .map_err(|RekeyError(e)| e)?;
-    let d = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
     let mut out = manifest.clone();
     out.captured_at = (d.as_secs() as i64, d.subsec_nanos());
     for entry in &mut out.entries {

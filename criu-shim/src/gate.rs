@@ -1,0 +1,212 @@
+//! A dump whose freeze happens after CRIU has started: CRIU runs a `pre-dump` action script
+//! once it is initialised (binary loaded, kernel-feature cache read, options checked) and
+//! before it seizes the tree; the script tells the caller it is ready and waits for a go.
+//! The caller freezes the sandbox and captures its file system in between, so CRIU's own
+//! start-up (≈20 ms here) is no longer inside the sandbox's frozen window.
+//!
+//! The script and its two fifos (`gate-ready`, `gate-go`) live in the dump's work dir. An
+//! answer other than `go` makes the script fail, which makes CRIU abort the dump before it
+//! touched the tree.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::stat::Mode;
+
+use crate::dump::{DumpError, DumpRequest, DumpStats};
+use crate::locate::Criu;
+use crate::run;
+
+/// Longest wait for CRIU to reach its `pre-dump` stage.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait of the script for an answer: a CRIU whose caller died gives up after it.
+const ORPHAN_TIMEOUT: Duration = Duration::from_secs(120);
+/// Poll slice while waiting: how soon an early CRIU exit is noticed.
+const SLICE: Duration = Duration::from_millis(20);
+
+/// Why a gated dump failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GatedDumpError<E> {
+    /// The caller's gate step failed; CRIU was told to abort and did not touch the tree.
+    #[error("the step before the dump failed")]
+    Gate(#[source] E),
+    /// Setting up the gate (script, fifos) failed, or CRIU never reached its `pre-dump` stage.
+    #[error("cannot set up the dump gate at {}", path.display())]
+    Setup {
+        /// The file involved.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The dump itself failed.
+    #[error(transparent)]
+    Dump(#[from] DumpError),
+}
+
+fn setup_err<E>(path: &Path) -> impl FnOnce(io::Error) -> GatedDumpError<E> {
+    let path = path.to_path_buf();
+    move |source| GatedDumpError::Setup { path, source }
+}
+
+fn make_fifo(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(io::Error::from)
+}
+
+/// Single-quotes `path` for `sh`.
+fn quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+impl Criu {
+    /// Like [`Criu::dump`], but the tree is seized only after `gate` ran: CRIU is started,
+    /// and once it is ready to dump (its `pre-dump` stage) `gate` is called; CRIU then dumps
+    /// if `gate` returned `Ok`, and aborts without touching the tree if it returned `Err`.
+    /// Use it to freeze the tree's cgroup (`req` should say
+    /// [`freeze_cgroup`](DumpRequest::freeze_cgroup)) and capture state that must be taken
+    /// in the same frozen instant, without CRIU's start-up in the frozen window. Returns the
+    /// dump's stats and what `gate` returned.
+    ///
+    /// Errors: [`GatedDumpError::Gate`], [`GatedDumpError::Setup`] (CRIU exited or hung
+    /// before its `pre-dump` stage: the log tail is in a following [`DumpError`] when CRIU
+    /// exited), [`GatedDumpError::Dump`].
+    pub fn dump_gated<T, E>(
+        &self,
+        req: &DumpRequest,
+        gate: impl FnOnce() -> Result<T, E>,
+    ) -> Result<(DumpStats, T), GatedDumpError<E>> {
+        req.check_images_dir()?;
+        let work = req.work_dir().to_path_buf();
+        std::fs::create_dir_all(&work).map_err(|source| DumpError::CreateWorkDir {
+            path: work.clone(),
+            source,
+        })?;
+        let ready_path = work.join("gate-ready");
+        let go_path = work.join("gate-go");
+        let script = work.join("gate.sh");
+        make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
+        make_fifo(&go_path).map_err(setup_err(&go_path))?;
+        let text = format!(
+            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
+             echo ready > {ready} || exit 1\n\
+             answer=$(timeout {wait} cat {go}) || exit 1\n\
+             [ \"$answer\" = go ]\n",
+            wait = ORPHAN_TIMEOUT.as_secs(),
+            ready = quote(&ready_path),
+            go = quote(&go_path),
+        );
+        std::fs::write(&script, text).map_err(setup_err(&script))?;
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(setup_err(&script))?;
+        // Opened before CRIU starts, so the script's write never blocks on our open.
+        let mut ready = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&ready_path)
+            .map_err(setup_err(&ready_path))?;
+
+        let mut args = req.args();
+        run::push(&mut args, "--action-script", &script);
+        let criu = self.path().to_path_buf();
+        let setup = req.child_setup()?;
+        let child = std::thread::spawn(move || run::run(&criu, &args, setup));
+
+        let started = Instant::now();
+        let mut seen_ready = false;
+        while !seen_ready {
+            if child.is_finished() || started.elapsed() > READY_TIMEOUT {
+                break;
+            }
+            let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
+            let slice = PollTimeout::try_from(SLICE).unwrap_or(PollTimeout::MAX);
+            match poll(&mut fds, slice) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {
+                    let mut buf = [0u8; 16];
+                    seen_ready = matches!(ready.read(&mut buf), Ok(n) if n > 0);
+                }
+                Err(e) => return Err(setup_err(&ready_path)(e.into())),
+            }
+        }
+        if !seen_ready {
+            if !child.is_finished() {
+                // Hung before pre-dump: answer anyway so the script (if any) ends, then wait.
+                let _ = answer(&go_path, false, &child);
+            }
+            let done = join(child, self.path())?;
+            req.finish(done)?;
+            return Err(setup_err(&ready_path)(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "criu exited or stalled before its pre-dump stage",
+            )));
+        }
+        let gated = gate();
+        answer(&go_path, gated.is_ok(), &child).map_err(setup_err(&go_path))?;
+        let done = join(child, self.path())?;
+        match gated {
+            Ok(value) => Ok((req.finish(done)?, value)),
+            Err(e) => Err(GatedDumpError::Gate(e)),
+        }
+    }
+}
+
+/// Tells a gated dump whose caller died (its script waiting in `work_dir` for an answer) to
+/// abort, so CRIU exits without touching the tree. Returns whether one was waiting.
+pub fn abort_gated_dump(work_dir: &Path) -> bool {
+    let go = work_dir.join("gate-go");
+    match OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&go)
+    {
+        Ok(mut fifo) => fifo.write_all(b"abort\n").is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Writes the answer into the go fifo once the script opened it for reading.
+fn answer<T>(go: &Path, proceed: bool, child: &std::thread::JoinHandle<T>) -> io::Result<()> {
+    let started = Instant::now();
+    let mut fifo: File = loop {
+        match OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(go)
+        {
+            Ok(f) => break f,
+            // No reader yet.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                if child.is_finished() || started.elapsed() > READY_TIMEOUT {
+                    return Err(e);
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    fifo.write_all(if proceed { b"go\n" } else { b"abort\n" })
+}
+
+fn join(
+    child: std::thread::JoinHandle<io::Result<run::Finished>>,
+    criu: &Path,
+) -> Result<run::Finished, DumpError> {
+    let spawn_err = |source| DumpError::Spawn {
+        criu: criu.to_path_buf(),
+        source,
+    };
+    child
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("criu runner thread panicked")))
+        .map_err(spawn_err)
+}
