@@ -121,6 +121,18 @@ pub enum CaptureError {
         /// The limit.
         max: u64,
     },
+    /// A sparse file with so many data runs that capturing it in at most
+    /// [`MAX_EXTENTS_PER_FILE`](crate::layer::MAX_EXTENTS_PER_FILE) extents would store far
+    /// more than its data (its holes as zeros).
+    #[error("{path}: {data} bytes of data in too many runs: {captured} bytes would be captured")]
+    TooFragmented {
+        /// The file, relative to the upper directory.
+        path: PathBuf,
+        /// Bytes of data the kernel reports.
+        data: u64,
+        /// Bytes the merged extents would capture.
+        captured: u64,
+    },
     /// A device node other than an overlay whiteout (0:0 character device): it could never
     /// be restored, and would give the sandbox raw access to a host device.
     #[error("{path}: {kind} device {major}:{minor} is not allowed in an upper layer")]

@@ -15,7 +15,7 @@ use std::time::Instant;
 use belayer_overlay::layer::{
     capture_layer, layer_digest, materialize_layer, BlobError, BlobId, BlobStore, EntryKind,
     Extent, LayerCaptureOptions, LayerEntry, LayerManifest, ManifestError, MaterializeOptions,
-    StatKey, LAYER_FORMAT_VERSION, MANIFEST_MAGIC,
+    StatKey, LAYER_FORMAT_VERSION, MANIFEST_MAGIC, MAX_EXTENTS_PER_FILE,
 };
 use belayer_overlay::{CaptureError, InstallError, InstallLimits};
 use common::names;
@@ -525,8 +525,10 @@ fn bad_fields_are_rejected() {
         ),
         (
             Box::new(regular(
-                1 << 30,
-                (0..4097).map(|i| x(i * 8192, 1)).collect(),
+                1 << 40,
+                (0..MAX_EXTENTS_PER_FILE as u64 + 1)
+                    .map(|i| x(i * 8192, 1))
+                    .collect(),
                 Some(blob),
             )),
             "extents",
@@ -1193,4 +1195,26 @@ fn a_hundred_thousand_files() {
         CaptureError::TooManyEntries { max, .. } => assert_eq!(max, 50_000),
         other => panic!("unexpected {other:?}"),
     }
+}
+
+#[test]
+fn a_file_fragmented_past_the_extent_cap_is_refused_not_inflated() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let upper = dir.path().join("upper");
+    fs::create_dir(&upper).unwrap();
+    let f = fs::File::create(upper.join("holes")).unwrap();
+    // One byte per MiB, one more run than the manifest may hold: merging the runs into few
+    // enough extents would capture the holes (64 GiB of zeros) instead of 256 MiB of blocks.
+    for i in 0..=MAX_EXTENTS_PER_FILE as u64 {
+        f.write_all_at(b"x", i << 20).unwrap();
+    }
+    drop(f);
+    let store = BlobStore::open(&dir.path().join("store")).unwrap();
+    let err = capture(&upper, None, &store, &no_racy_window()).unwrap_err();
+    assert!(
+        matches!(err, CaptureError::TooFragmented { captured, .. } if captured > 32 << 30),
+        "{err:?}"
+    );
+    assert_eq!(store.usage().unwrap().0, 0, "nothing stored");
 }

@@ -83,6 +83,22 @@ pub struct GcStats {
     pub removed_bytes: u64,
 }
 
+/// New blobs of one capture, prepared in staging and made visible together by
+/// [`BlobStore::commit`]. Dropping an uncommitted batch removes its files.
+#[derive(Debug, Default)]
+pub(crate) struct BlobBatch {
+    ids: std::collections::HashSet<BlobId>,
+    files: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Drop for BlobBatch {
+    fn drop(&mut self) {
+        for (src, _) in self.files.drain(..) {
+            let _ = fs::remove_file(src);
+        }
+    }
+}
+
 /// A shared lock on the store held from the start of a capture until its manifest is
 /// published; [`BlobStore::gc`] waits for every lease to end. Released on drop.
 #[derive(Debug)]
@@ -186,16 +202,20 @@ impl BlobStore {
         Ok((file, path))
     }
 
-    /// Moves a complete staging file holding exactly the bytes of `id` into the store
-    /// (compressing it if configured); drops it if the blob is already there. Returns the
-    /// bytes the store grew by.
-    pub(crate) fn insert_staged(&self, staged: &Path, id: &BlobId) -> Result<u64, BlobError> {
-        if self.contains(id) {
+    /// Prepares a complete staging file holding exactly the bytes of `id` for the store
+    /// (compressing it if configured) and adds it to `batch`; drops it if the blob is already
+    /// there or in the batch. Nothing is visible in the store before [`commit`](Self::commit).
+    /// Returns the bytes the store will grow by.
+    pub(crate) fn insert_staged(
+        &self,
+        staged: &Path,
+        id: &BlobId,
+        batch: &mut BlobBatch,
+    ) -> Result<u64, BlobError> {
+        if batch.ids.contains(id) || self.contains(id) {
             fs::remove_file(staged).map_err(io_err("unlink", staged))?;
             return Ok(0);
         }
-        let fanout = self.fanout(id);
-        fs::create_dir_all(&fanout).map_err(io_err("mkdir", &fanout))?;
         let (src, dest) = match self.compression {
             None => (staged.to_path_buf(), self.blob_path(id)),
             Some(level) => {
@@ -211,19 +231,23 @@ impl BlobStore {
                 (zst, self.zst_path(id))
             }
         };
-        let file = File::open(&src).map_err(io_err("open", &src))?;
-        file.set_permissions(fs::Permissions::from_mode(0o400))
+        fs::set_permissions(&src, fs::Permissions::from_mode(0o400))
             .map_err(io_err("chmod", &src))?;
-        file.sync_all().map_err(io_err("fsync", &src))?;
-        let bytes = file.metadata().map_err(io_err("stat", &src))?.len();
-        fs::rename(&src, &dest).map_err(io_err("rename", &dest))?;
-        sys::fsync_dir(&fanout).map_err(|e| io_err("fsync", &fanout)(e.source))?;
+        let bytes = fs::metadata(&src).map_err(io_err("stat", &src))?.len();
+        batch.ids.insert(*id);
+        batch.files.push((src, dest));
         Ok(bytes)
     }
 
-    /// Stores `data` as blob `id` (= [`BlobId::of`]`(data)`); returns the bytes the store grew by.
-    pub(crate) fn insert_bytes(&self, id: &BlobId, data: &[u8]) -> Result<u64, BlobError> {
-        if self.contains(id) {
+    /// Stores `data` as blob `id` (= [`BlobId::of`]`(data)`) in `batch`; returns the bytes the
+    /// store will grow by.
+    pub(crate) fn insert_bytes(
+        &self,
+        id: &BlobId,
+        data: &[u8],
+        batch: &mut BlobBatch,
+    ) -> Result<u64, BlobError> {
+        if batch.ids.contains(id) || self.contains(id) {
             return Ok(0);
         }
         let (mut file, path) = self.staging_file()?;
@@ -232,7 +256,41 @@ impl BlobStore {
             return Err(io_err("write", &path)(e));
         }
         drop(file);
-        self.insert_staged(&path, id)
+        self.insert_staged(&path, id, batch)
+    }
+
+    /// Makes the blobs of `batch` durable and visible: their data is synced (one `fsync` per
+    /// file for a few, one `syncfs` of the store's filesystem for many), then each is renamed
+    /// into place, then each fan-out directory touched is synced once.
+    ///
+    /// Errors: [`BlobError::Io`]; blobs not yet renamed stay in staging (collected later).
+    pub(crate) fn commit(&self, mut batch: BlobBatch) -> Result<(), BlobError> {
+        const FSYNC_EACH_UP_TO: usize = 16;
+        let files = std::mem::take(&mut batch.files);
+        if files.is_empty() {
+            return Ok(());
+        }
+        if files.len() <= FSYNC_EACH_UP_TO {
+            for (src, _) in &files {
+                File::open(src)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io_err("fsync", src))?;
+            }
+        } else {
+            let dir = File::open(&self.dir).map_err(io_err("open", &self.dir))?;
+            rustix::fs::syncfs(&dir).map_err(|e| io_err("syncfs", &self.dir)(e.into()))?;
+        }
+        let mut fanouts = std::collections::BTreeSet::new();
+        for (src, dest) in files {
+            let fanout = dest.parent().unwrap_or(&self.dir).to_path_buf();
+            fs::create_dir_all(&fanout).map_err(io_err("mkdir", &fanout))?;
+            fs::rename(&src, &dest).map_err(io_err("rename", &dest))?;
+            fanouts.insert(fanout);
+        }
+        for fanout in fanouts {
+            sys::fsync_dir(&fanout).map_err(|e| io_err("fsync", &fanout)(e.source))?;
+        }
+        Ok(())
     }
 
     fn open_blob(&self, id: &BlobId) -> Result<(File, bool), BlobError> {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Statx, StatxFlags};
 
 use super::blobs::BlobStore;
-use super::extents::data_extents;
+use super::extents::{data_extents, MAX_HOLE_AMPLIFICATION};
 use super::manifest::{BlobId, EntryKind, Extent, LayerEntry, LayerManifest, StatKey};
 use crate::capture::CaptureError;
 use crate::format::MAX_PATH_BYTES;
@@ -466,8 +466,15 @@ impl Walker<'_, '_> {
             });
         }
         let xattrs = sys::xattrs_of_fd(fd.as_fd()).map_err(read_err)?;
-        let extents = data_extents(fd.as_fd(), size, stat.stx_blocks).map_err(read_err)?;
+        let (extents, real) = data_extents(fd.as_fd(), size, stat.stx_blocks).map_err(read_err)?;
         let bytes = extents_len(&extents);
+        if bytes > real.saturating_mul(MAX_HOLE_AMPLIFICATION) + (64 << 20) {
+            return Err(CaptureError::TooFragmented {
+                path: rel_path(rel),
+                data: real,
+                captured: bytes,
+            });
+        }
         self.account(rel, bytes)?;
         let index = self.entries.len();
         let blob = if bytes == 0 {
@@ -626,6 +633,7 @@ impl PendingLayer<'_> {
     /// again without a base).
     pub fn seal(mut self) -> Result<(LayerManifest, LayerStats), CaptureError> {
         let started = Instant::now();
+        let mut batch = super::blobs::BlobBatch::default();
         for (index, data) in std::mem::take(&mut self.inline) {
             let EntryKind::Regular { blob: Some(id), .. } = &self.manifest.entries[index].kind
             else {
@@ -633,7 +641,7 @@ impl PendingLayer<'_> {
             };
             let grew = self
                 .store
-                .insert_bytes(id, &data)
+                .insert_bytes(id, &data, &mut batch)
                 .map_err(CaptureError::Blob)?;
             self.count_new(grew);
         }
@@ -651,13 +659,14 @@ impl PendingLayer<'_> {
             };
             let grew = self
                 .store
-                .insert_staged(&path, &id)
+                .insert_staged(&path, &id, &mut batch)
                 .map_err(CaptureError::Blob)?;
             self.count_new(grew);
             if let EntryKind::Regular { blob, .. } = &mut self.manifest.entries[index].kind {
                 *blob = Some(id);
             }
         }
+        self.store.commit(batch).map_err(CaptureError::Blob)?;
         for id in &self.reused_blobs {
             if !self.store.contains(id) {
                 return Err(CaptureError::Blob(super::BlobError::Missing { blob: *id }));

@@ -9,29 +9,43 @@ use rustix::io::Errno;
 use super::manifest::Extent;
 use crate::sys::{Call, SyscallError};
 
-/// Most extents recorded per file. A file with more data runs than this (a hostile pattern:
-/// one byte every other block) gets its extents merged over ever larger aligned windows,
-/// holes in between captured as data, so the manifest stays bounded.
-pub const MAX_EXTENTS_PER_FILE: usize = 4096;
+/// Most extents recorded per file (16 bytes each in the manifest, at most 1 MiB per file). A
+/// file with more data runs than this (a hostile pattern: one byte every other block) gets
+/// its extents merged over ever larger aligned windows, holes in between captured as data,
+/// so the manifest stays bounded; the capture refuses a file whose merge would store more
+/// than [`MAX_HOLE_AMPLIFICATION`] times its data.
+pub const MAX_EXTENTS_PER_FILE: usize = 1 << 16;
+
+/// Largest factor by which merging extents may grow the bytes captured for one file (beyond
+/// a 64 MiB allowance).
+pub const MAX_HOLE_AMPLIFICATION: u64 = 8;
 
 /// The data extents of the open file `fd` of apparent size `size` and `blocks` 512-byte
-/// blocks allocated. A file with at least as many allocated bytes as its size is taken as
-/// dense (one extent) without asking the kernel. Returns sorted, disjoint extents within
-/// `size`, at most [`MAX_EXTENTS_PER_FILE`].
+/// blocks allocated, and the bytes of data the kernel reported before any merge. A file
+/// with at least as many allocated bytes as its size is taken as dense (one extent) without
+/// asking the kernel. The extents are sorted, disjoint, within `size`, at most
+/// [`MAX_EXTENTS_PER_FILE`].
 pub(crate) fn data_extents(
     fd: BorrowedFd<'_>,
     size: u64,
     blocks: u64,
-) -> Result<Vec<Extent>, SyscallError> {
+) -> Result<(Vec<Extent>, u64), SyscallError> {
+    let dense = || {
+        (
+            vec![Extent {
+                offset: 0,
+                len: size,
+            }],
+            size,
+        )
+    };
     if size == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     if blocks.saturating_mul(512) >= size {
-        return Ok(vec![Extent {
-            offset: 0,
-            len: size,
-        }]);
+        return Ok(dense());
     }
+    let mut real = 0u64;
     let mut extents = Vec::new();
     let mut offset = 0u64;
     while offset < size {
@@ -39,12 +53,7 @@ pub(crate) fn data_extents(
             Ok(d) => d,
             Err(Errno::NXIO) => break,
             // A filesystem without SEEK_DATA support: all data.
-            Err(Errno::INVAL) if extents.is_empty() => {
-                return Ok(vec![Extent {
-                    offset: 0,
-                    len: size,
-                }])
-            }
+            Err(Errno::INVAL) if extents.is_empty() => return Ok(dense()),
             Err(e) => return Err(SyscallError::new("lseek(SEEK_DATA)", e)),
         };
         if data >= size {
@@ -54,6 +63,7 @@ pub(crate) fn data_extents(
             .call("lseek(SEEK_HOLE)")?
             .min(size);
         if hole > data {
+            real += hole - data;
             extents.push(Extent {
                 offset: data,
                 len: hole - data,
@@ -67,7 +77,7 @@ pub(crate) fn data_extents(
     if extents.len() > MAX_EXTENTS_PER_FILE {
         extents = coalesce(&extents, size, MAX_EXTENTS_PER_FILE);
     }
-    Ok(extents)
+    Ok((extents, real))
 }
 
 /// Merges `extents` over aligned windows of growing size (starting at 64 KiB) until at most
@@ -139,7 +149,8 @@ mod tests {
         f.sync_all().unwrap();
         let f = File::open(&path).unwrap();
         let meta = rustix::fs::fstat(&f).unwrap();
-        let extents = data_extents(f.as_fd(), 10 << 30, meta.st_blocks as u64).unwrap();
+        let (extents, real) = data_extents(f.as_fd(), 10 << 30, meta.st_blocks as u64).unwrap();
+        assert_eq!(real, 4096);
         assert_eq!(
             extents,
             [Extent {
@@ -148,7 +159,7 @@ mod tests {
             }]
         );
         let empty = File::create(dir.path().join("empty")).unwrap();
-        assert!(data_extents(empty.as_fd(), 0, 0).unwrap().is_empty());
+        assert!(data_extents(empty.as_fd(), 0, 0).unwrap().0.is_empty());
     }
 
     #[test]

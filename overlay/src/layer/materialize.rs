@@ -82,6 +82,12 @@ pub fn materialize_layer(
         store,
         verify: opts.verify_blobs,
     };
+    if manifest.entries.is_empty() {
+        return Err(InstallError::InvalidName {
+            path: target.to_path_buf(),
+            reason: "the manifest has no root entry",
+        });
+    }
     let mut installer = Installer::new(target_fd, content, &opts.limits);
     for (i, entry) in manifest.entries.iter().enumerate() {
         installer.install(member_of(entry, i == 0)?)?;

@@ -61,7 +61,7 @@ pub use blobs::{BlobError, BlobStore, GcRoots, GcStats, StoreLease};
 pub use capture::{
     capture_layer, layer_digest, LayerCaptureOptions, LayerStats, PendingLayer, INLINE_MAX_BYTES,
 };
-pub use extents::MAX_EXTENTS_PER_FILE;
+pub use extents::{MAX_EXTENTS_PER_FILE, MAX_HOLE_AMPLIFICATION};
 pub use manifest::{
     BlobId, EntryKind, Extent, LayerEntry, LayerManifest, ManifestError, StatKey,
     LAYER_FORMAT_VERSION, MANIFEST_MAGIC, MAX_MANIFEST_BYTES,
