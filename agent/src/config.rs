@@ -44,6 +44,10 @@ pub struct Config {
     /// zstd level (1–19) for new upper-layer blobs; unset: stored uncompressed (restores
     /// copy them with `copy_file_range`). Compression runs after the sandbox is thawed.
     pub blob_zstd_level: Option<i32>,
+    /// Bytes of the tmpfs (at `/run/belayer/dump-stage`) where CRIU writes a checkpoint's
+    /// images while the sandbox is frozen, shared by concurrent checkpoints; 0: dump straight
+    /// to the state dir. Memory is used only while dumps sit there.
+    pub dump_stage_bytes: u64,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
     #[serde(rename = "memory_server")]
     pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
@@ -65,6 +69,7 @@ impl Default for Config {
             default_pids_max: 4096,
             no_bpf: false,
             blob_zstd_level: None,
+            dump_stage_bytes: 8 << 30,
             memory_servers: Vec::new(),
         }
     }

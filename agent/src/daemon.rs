@@ -74,6 +74,9 @@ pub enum StartError {
 /// Backing tmpfs of CRIU's kernel-feature cache.
 pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
 
+/// Mount point of the dump stage tmpfs (see [`crate::stage`]).
+pub const DUMP_STAGE_DIR: &str = "/run/belayer/dump-stage";
+
 /// The agent: runtime plus sandbox registry.
 #[derive(Debug)]
 pub struct Agent {
@@ -155,6 +158,20 @@ impl Agent {
         let contexts = ContextLogs::new(&config.state_dir);
         let tracer =
             crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
+        let stage = match config.dump_stage_bytes {
+            0 => None,
+            bytes => match crate::stage::DumpStage::mount(
+                std::path::Path::new(DUMP_STAGE_DIR),
+                &config.state_dir,
+                bytes,
+            ) {
+                Ok(stage) => Some(stage),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no dump stage: CRIU writes images to the state dir while frozen");
+                    None
+                }
+            },
+        };
         let blobs = belayer_overlay::layer::BlobStore::open(&config.state_dir.join("blobs"))
             .map_err(StartError::Blobs)?
             .with_compression(config.blob_zstd_level);
@@ -171,6 +188,7 @@ impl Agent {
                 helper_exe,
                 tracer,
                 blobs,
+                stage,
             },
             sandboxes: Mutex::new(HashMap::new()),
         });

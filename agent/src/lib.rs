@@ -51,6 +51,7 @@ pub mod report;
 pub mod rollout;
 pub mod runtime;
 pub mod sandbox;
+pub mod stage;
 pub mod store;
 pub mod sys;
 pub mod trace;

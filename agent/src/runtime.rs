@@ -23,6 +23,8 @@ pub struct Runtime {
     /// The node's upper-layer blob store (`state_dir/blobs`), shared by every checkpoint of
     /// every sandbox.
     pub blobs: belayer_overlay::layer::BlobStore,
+    /// The tmpfs CRIU dumps into while a sandbox is frozen (`None`: disabled or unavailable).
+    pub stage: Option<crate::stage::DumpStage>,
 }
 
 impl Runtime {

@@ -1,13 +1,16 @@
-//! Overlayfs for Belayer sandboxes: mounts, capture and install of the upper layer, and
+//! Overlayfs for Belayer sandboxes: mounts, capture and restore of the upper layer, and
 //! integrity digests.
 //!
 //! A sandbox's root is an overlay of a read-only image (the lower layers) and a private,
 //! writable **upper directory**. Everything the sandbox changed lives in the upper layer,
-//! so the file-system half F_k of a checkpoint is an archive of it: [`capture_upper`] writes
-//! it while the sandbox cgroup is frozen, [`install_upper`] recreates it in a fresh upper
-//! directory, and [`OverlayMount`] mounts that over the same image for the restored
-//! sandbox. [`tree_digest`] lets tests (and restore checks) prove that the merged view came
-//! back identical.
+//! so the file-system half F_k of a checkpoint is a capture of it. Checkpoints use the
+//! incremental, content-addressed format of [`layer`]: [`layer::capture_layer`] runs while
+//! the sandbox cgroup is frozen and reads only what changed since the previous capture,
+//! [`layer::materialize_layer`] recreates the upper directory of the restored sandbox, and
+//! [`OverlayMount`] mounts it over the same image. [`capture_upper`] / [`install_upper`]
+//! write and read the same layer as one self-contained tar archive (a portable form of a
+//! layer, with the same hardening). [`tree_digest`] lets tests prove that the merged view
+//! came back identical.
 //!
 //! # What an upper layer contains (overlayfs, as root sees the upper directory)
 //!
@@ -26,7 +29,7 @@
 //!   attributes are archived and reinstalled verbatim (except the root's uuid), so the new
 //!   mount over the same lower layers interprets the layer exactly as the old one did.
 //!
-//! # Archive format
+//! # Archive format (the portable tar form)
 //!
 //! A tar stream written by the `tar` crate's [`Builder`](tar::Builder) from headers built
 //! here: GNU headers (binary numeric fields for large uids), members in sorted pre-order
@@ -85,7 +88,11 @@
 //!   path-following helpers (`append_path`, `append_dir_all`, `unpack`). PAX records are
 //!   parsed here, by length: the crate's own parser splits on newlines, which extended
 //!   attribute values may contain.
-//! - `blake3`: fast cryptographic hashing for [`file_digest`] and [`tree_digest`].
+//! - `blake3`: fast cryptographic hashing for [`file_digest`], [`tree_digest`] and the
+//!   content addresses of blobs.
+//! - `bincode` + `serde`: the layer-manifest encoding (compact, fast for 10^5 entries, with a
+//!   decode limit for untrusted input).
+//! - `zstd`: optional compression of blobs in the store.
 //! - `thiserror`: the per-module error enums. `tracing`: structured logs.
 //!
 //! Minimum kernel: 5.6 (`openat2`); 6.8 for the new mount API with `lowerdir+` (older

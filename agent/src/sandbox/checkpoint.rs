@@ -230,7 +230,16 @@ fn take(
     let mut t = CheckpointTimings::default();
 
     let init_pid = rec.init_pid.unwrap_or(0);
-    let dump = DumpRequest::new(init_pid, &criu_dir, &work)
+    // CRIU writes into the tmpfs stage when it has room (moved here after the thaw).
+    let stage = rt
+        .stage
+        .as_ref()
+        .zip(cgroup.memory_current())
+        .and_then(|(stage, memory)| stage.reserve(memory));
+    let images_dir = stage
+        .as_ref()
+        .map_or(criu_dir.clone(), |slot| slot.dir().to_path_buf());
+    let dump = DumpRequest::new(init_pid, &images_dir, &work)
         .in_netns(format!("/proc/{init_pid}/ns/net"))
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
@@ -300,6 +309,9 @@ fn take(
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
+    if let Some(slot) = stage {
+        slot.move_into(&criu_dir).map_err(write_err(&criu_dir))?;
+    }
     let (layer, stats) = pending.seal().map_err(|e| {
         // A base blob may have been collected: the next capture reads everything.
         slot.set_layer_base(None);

@@ -1,10 +1,11 @@
 //! `restore`: full_restore (paper: "Environment-state recovery"; DESIGN.md invariant "recovery
 //! alignment").
 //!
-//! 1. verify the ready checkpoint (manifest, sizes, blake3 digests) before touching anything;
+//! 1. load the ready checkpoint's manifests (untrusted input, checked entry by entry);
 //! 2. materialize F_k into the upper dir of a fresh instance from its layer manifest and the
-//!    blob store, re-hashing every blob as it is copied (a corrupt checkpoint still costs the
-//!    failed instance nothing);
+//!    blob store while a second thread verifies every artifact (size, blake3) and re-hashes
+//!    every blob the layer refers to; a corrupt checkpoint is refused here, before the failed
+//!    instance is touched;
 //! 3. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete),
 //!    then mount the fresh instance's overlay and create its cgroup;
 //! 4. CRIU-restore R_k into it (`--root` the new merged dir);
@@ -38,6 +39,22 @@ pub enum RestoreError {
         /// Cause.
         #[source]
         source: StoreError,
+    },
+    /// A blob the ready checkpoint's layer refers to is missing or corrupt; nothing was
+    /// touched.
+    #[error("a blob of the ready checkpoint of sandbox {id} is missing or corrupt")]
+    CorruptBlob {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::layer::BlobError,
+    },
+    /// The verification thread panicked.
+    #[error("verifying the ready checkpoint of sandbox {id} failed unexpectedly")]
+    VerifierPanicked {
+        /// Sandbox id.
+        id: String,
     },
     /// Tearing down the failed instance failed.
     #[error("cannot tear down the failed instance of sandbox {id}")]
@@ -108,7 +125,9 @@ impl RestoreError {
     /// Protocol error code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            RestoreError::Corrupt { .. } => ErrorCode::CorruptCheckpoint,
+            RestoreError::Corrupt { .. } | RestoreError::CorruptBlob { .. } => {
+                ErrorCode::CorruptCheckpoint
+            }
             RestoreError::FsInstall {
                 source: belayer_overlay::InstallError::Blob { .. },
                 ..
@@ -135,44 +154,30 @@ pub fn restore(
     let id = rec.id.clone();
     let mut t = RestoreTimings::default();
 
-    // 1. Verify first: a corrupt checkpoint must not cost the running instance.
-    let t_verify = Instant::now();
+    // 1. The ready checkpoint's manifests (decoded as untrusted input; verified below).
     let store = CheckpointStore::open(&slot.paths.checkpoints())?;
-    let ready = store.ready().map_err(|source| RestoreError::Corrupt {
+    let corrupt = |source| RestoreError::Corrupt {
         id: id.clone(),
         source,
-    })?;
-    let manifest = match &ready {
-        Some(name) => Some(store.verify(name).map_err(|source| RestoreError::Corrupt {
-            id: id.clone(),
-            source,
-        })?),
-        None => None,
     };
-    let context = match &manifest {
-        Some(m) => store.read_context(m)?,
-        None => Vec::new(),
+    let ready = store.ready().map_err(corrupt)?;
+    let manifest = match &ready {
+        Some(name) => Some(store.load(name).map_err(corrupt)?),
+        None => None,
     };
     let layer = match &manifest {
-        Some(m) => Some(
-            store
-                .load_layer(m)
-                .map_err(|source| RestoreError::Corrupt {
-                    id: id.clone(),
-                    source,
-                })?,
-        ),
+        Some(m) => Some(store.load_layer(m).map_err(corrupt)?),
         None => None,
     };
-    t.verify = ms(t_verify);
     let lower = rt
         .images
         .rootfs(&rec.spec.image)
         .map_err(CreateError::from)?;
 
-    // 2. F_k into a fresh instance's upper dir, before the failed instance is touched.
+    // 2. F_k into a fresh instance's upper dir, while every artifact digest and every blob
+    //    is verified on a second thread; both before the failed instance is touched, so a
+    //    corrupt checkpoint costs the running instance nothing.
     let n = rec.instance + 1;
-    let t_fs = Instant::now();
     let inst_dir = slot.paths.instance(n);
     if inst_dir.exists() {
         fs::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs {
@@ -185,21 +190,50 @@ pub fn restore(
         path: upper.clone(),
         source,
     })?;
-    let mut base = None;
-    if let Some(layer) = &layer {
-        let opts = MaterializeOptions::default();
-        match materialize_layer(layer, &rt.blobs, &upper, &opts) {
-            Ok((_, rekeyed)) => base = Some((n, std::sync::Arc::new(rekeyed))),
-            Err(source) => {
-                let _ = fs::remove_dir_all(&inst_dir);
-                return Err(RestoreError::FsInstall {
-                    id: id.clone(),
-                    source,
-                });
-            }
+    let (verified, materialized) = std::thread::scope(|scope| {
+        let verifier = scope.spawn(|| {
+            let t_verify = Instant::now();
+            let result = match (&manifest, &layer) {
+                (Some(m), Some(layer)) => verify_checkpoint(&store, m, layer, &rt.blobs, &id),
+                _ => Ok(()),
+            };
+            (result, ms(t_verify))
+        });
+        let t_fs = Instant::now();
+        let materialized = layer.as_ref().map(|layer| {
+            // Blobs are verified by the other thread: copy them with the kernel.
+            let opts = MaterializeOptions {
+                verify_blobs: false,
+                ..MaterializeOptions::default()
+            };
+            materialize_layer(layer, &rt.blobs, &upper, &opts)
+        });
+        t.fs_install = ms(t_fs);
+        let verified = verifier
+            .join()
+            .unwrap_or_else(|_| (Err(RestoreError::VerifierPanicked { id: id.clone() }), 0.0));
+        (verified, materialized)
+    });
+    t.verify = verified.1;
+    let discard = |e: RestoreError| {
+        let _ = fs::remove_dir_all(&inst_dir);
+        e
+    };
+    verified.0.map_err(discard)?;
+    let base = match materialized {
+        Some(Ok((_, rekeyed))) => Some((n, std::sync::Arc::new(rekeyed))),
+        Some(Err(source)) => {
+            return Err(discard(RestoreError::FsInstall {
+                id: id.clone(),
+                source,
+            }))
         }
-    }
-    t.fs_install = ms(t_fs);
+        None => None,
+    };
+    let context = match &manifest {
+        Some(m) => store.read_context(m)?,
+        None => Vec::new(),
+    };
     let fs_matches = match (&layer, verify) {
         (Some(layer), true) => Some(upper_matches(&id, &upper, layer)?),
         _ => None,
@@ -307,6 +341,32 @@ pub fn restore(
         timings_ms: t,
         validity,
     })
+}
+
+/// Verifies every artifact of checkpoint `m` (size and blake3) and every blob its layer
+/// refers to (its content hashes to its name).
+fn verify_checkpoint(
+    store: &CheckpointStore,
+    m: &crate::store::Manifest,
+    layer: &LayerManifest,
+    blobs: &belayer_overlay::layer::BlobStore,
+    id: &str,
+) -> Result<(), RestoreError> {
+    store
+        .verify(&m.checkpoint)
+        .map_err(|source| RestoreError::Corrupt {
+            id: id.to_string(),
+            source,
+        })?;
+    for blob in layer.blobs() {
+        blobs
+            .verify(&blob)
+            .map_err(|source| RestoreError::CorruptBlob {
+                id: id.to_string(),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 /// Reads the freshly materialized upper layer again and compares its content digest with
