@@ -166,7 +166,11 @@ impl StageSlot<'_> {
 impl Drop for StageSlot<'_> {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
-        let mut reserved = self.stage.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reserved = self
+            .stage
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         *reserved = reserved.saturating_sub(self.bytes);
     }
 }

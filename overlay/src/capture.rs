@@ -293,20 +293,27 @@ enum Member<'a> {
     Fifo,
 }
 
-fn rel_path(rel: &[u8]) -> PathBuf {
+/// A path relative to the upper directory, for error messages.
+pub(crate) fn rel_path(rel: &[u8]) -> PathBuf {
     PathBuf::from(std::ffi::OsStr::from_bytes(rel))
+}
+
+/// Refuses an entry whose path is longer than a restore accepts.
+pub(crate) fn check_path_len(rel: &[u8]) -> Result<(), CaptureError> {
+    if rel.len() > MAX_PATH_BYTES {
+        return Err(CaptureError::PathTooLong {
+            path: rel_path(rel),
+            len: rel.len(),
+            max: MAX_PATH_BYTES,
+        });
+    }
+    Ok(())
 }
 
 impl Capture {
     fn add(&mut self, entry: &WalkEntry<'_>) -> Result<(), CaptureError> {
         let rel = entry.rel;
-        if rel.len() > MAX_PATH_BYTES {
-            return Err(CaptureError::PathTooLong {
-                path: rel_path(rel),
-                len: rel.len(),
-                max: MAX_PATH_BYTES,
-            });
-        }
+        check_path_len(rel)?;
         debug_assert!(entry.name.to_bytes().len() <= MAX_NAME_BYTES);
         let read_err = |source| CaptureError::ReadUpper {
             path: rel_path(rel),

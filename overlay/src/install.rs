@@ -16,16 +16,16 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use rustix::fs::{Mode, OFlags, CWD};
 use tar::{Entry, EntryType, Header};
 
 use crate::format::{
     parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES, MAX_PATH_BYTES,
 };
-use crate::sys::{self, Call, SyscallError};
+use crate::sys::{self, SyscallError};
 use crate::tree::{
-    check_device, check_symlink_target, check_xattr, lossy, name_error, parse_hardlink_target,
-    parse_name, path_of, ContentSource, Installer, Member, MemberKind, RegularData,
+    check_device, check_symlink_target, check_xattr, lossy, name_error, open_empty_target,
+    parse_hardlink_target, parse_name, path_of, ContentSource, Installer, Member, MemberKind,
+    RegularData,
 };
 
 /// Bounds on what one archive may install. Exceeding any is an error naming the entry.
@@ -378,22 +378,7 @@ pub fn install_upper(
         path: archive.to_path_buf(),
         source,
     })?;
-    let open_target = |source| InstallError::OpenTarget {
-        path: target.to_path_buf(),
-        source,
-    };
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let target_fd = rustix::fs::openat(CWD, target, flags, Mode::empty())
-        .call("openat")
-        .map_err(open_target)?;
-    if !sys::sorted_names(&target_fd)
-        .map_err(open_target)?
-        .is_empty()
-    {
-        return Err(InstallError::TargetNotEmpty {
-            path: target.to_path_buf(),
-        });
-    }
+    let target_fd = open_empty_target(target)?;
     let mut installer = Installer::new(target_fd, ContentSource::Archive(&file), limits);
     let read_err = |source| InstallError::ReadArchive {
         path: archive.to_path_buf(),

@@ -187,6 +187,24 @@ pub(crate) fn check_xattr(raw: &[u8], name: &[u8], value: &[u8]) -> Result<(), I
     }
 }
 
+/// Opens `target`, which must be an existing, empty directory (not a symlink to one).
+pub(crate) fn open_empty_target(target: &std::path::Path) -> Result<OwnedFd, InstallError> {
+    let open_target = |source| InstallError::OpenTarget {
+        path: target.to_path_buf(),
+        source,
+    };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(rustix::fs::CWD, target, flags, Mode::empty())
+        .call("openat")
+        .map_err(open_target)?;
+    if !sys::sorted_names(&fd).map_err(open_target)?.is_empty() {
+        return Err(InstallError::TargetNotEmpty {
+            path: target.to_path_buf(),
+        });
+    }
+    Ok(fd)
+}
+
 /// Checks a symlink target: not empty, no NUL, at most 4096 bytes. The target itself is
 /// never resolved, so any other content is allowed (absolute, `..`, dangling).
 pub(crate) fn check_symlink_target(raw: &[u8], target: &[u8]) -> Result<(), InstallError> {

@@ -334,14 +334,7 @@ impl BlobStore {
             }
             return Ok(want);
         }
-        let mut reader: Box<dyn Read> = if compressed {
-            Box::new(
-                zstd::stream::read::Decoder::new(file)
-                    .map_err(io_err("decompress", &self.zst_path(id)))?,
-            )
-        } else {
-            Box::new(file)
-        };
+        let mut reader = self.reader(id, file, compressed)?;
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; BUF_BYTES];
         let mut total = 0u64;
@@ -394,17 +387,25 @@ impl BlobStore {
         Ok(total)
     }
 
+    /// The bytes of blob `id` open as `file`, decompressed when stored compressed.
+    fn reader(
+        &self,
+        id: &BlobId,
+        file: File,
+        compressed: bool,
+    ) -> Result<Box<dyn Read>, BlobError> {
+        if !compressed {
+            return Ok(Box::new(file));
+        }
+        let decoder = zstd::stream::read::Decoder::new(file)
+            .map_err(io_err("decompress", &self.zst_path(id)))?;
+        Ok(Box::new(decoder))
+    }
+
     /// Re-hashes blob `id`; [`BlobError::Corrupt`] when it does not hash to its name.
     pub fn verify(&self, id: &BlobId) -> Result<u64, BlobError> {
         let (file, compressed) = self.open_blob(id)?;
-        let mut reader: Box<dyn Read> = if compressed {
-            Box::new(
-                zstd::stream::read::Decoder::new(file)
-                    .map_err(io_err("decompress", &self.zst_path(id)))?,
-            )
-        } else {
-            Box::new(file)
-        };
+        let mut reader = self.reader(id, file, compressed)?;
         let mut hasher = blake3::Hasher::new();
         let n = io::copy(&mut reader, &mut hasher).map_err(|e| BlobError::Corrupt {
             blob: *id,

@@ -11,7 +11,6 @@ use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -20,8 +19,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Statx, StatxFlags};
 use super::blobs::BlobStore;
 use super::extents::{data_extents, MAX_HOLE_AMPLIFICATION};
 use super::manifest::{BlobId, EntryKind, Extent, LayerEntry, LayerManifest, StatKey};
-use crate::capture::CaptureError;
-use crate::format::MAX_PATH_BYTES;
+use crate::capture::{check_path_len, rel_path, CaptureError};
 use crate::install::InstallLimits;
 use crate::sys::{self, Call};
 use crate::walk::{file_type, walk, WalkEntry};
@@ -142,10 +140,6 @@ fn remove_staged(staged: &mut Vec<(usize, PathBuf)>) {
     for (_, path) in staged.drain(..) {
         let _ = fs::remove_file(&path);
     }
-}
-
-fn rel_path(rel: &[u8]) -> PathBuf {
-    PathBuf::from(std::ffi::OsStr::from_bytes(rel))
 }
 
 fn time_of(ts: rustix::fs::StatxTimestamp) -> (i64, u32) {
@@ -274,13 +268,7 @@ fn run<'a, 's>(
 impl Walker<'_, '_> {
     fn add(&mut self, entry: &WalkEntry<'_>) -> Result<(), CaptureError> {
         let rel = entry.rel;
-        if rel.len() > MAX_PATH_BYTES {
-            return Err(CaptureError::PathTooLong {
-                path: rel_path(rel),
-                len: rel.len(),
-                max: MAX_PATH_BYTES,
-            });
-        }
+        check_path_len(rel)?;
         let kind = file_type(entry.stat);
         if kind == FileType::Socket {
             tracing::warn!(path = %rel_path(rel).display(), "skipping unix socket in upper layer");
@@ -544,41 +532,16 @@ fn extents_len(extents: &[Extent]) -> u64 {
     extents.iter().map(|e| e.len).sum()
 }
 
-fn read_extents(
+/// Reads the extents of `fd` in order, in chunks of at most 1 MiB, handing each to `chunk`.
+fn read_extents_with(
     fd: BorrowedFd<'_>,
     extents: &[Extent],
     rel: &[u8],
-) -> Result<Vec<u8>, CaptureError> {
-    let total = extents_len(extents) as usize;
-    let mut data = vec![0u8; total];
-    let mut at = 0usize;
-    for e in extents {
-        let want = e.len as usize;
-        let n = sys::read_full_at(fd, &mut data[at..at + want], e.offset).map_err(|source| {
-            CaptureError::CopyContent {
-                path: rel_path(rel),
-                source,
-            }
-        })?;
-        if n < want {
-            return Err(CaptureError::FileShrank {
-                path: rel_path(rel),
-                expected: total as u64,
-                copied: (at + n) as u64,
-            });
-        }
-        at += want;
-    }
-    Ok(data)
-}
-
-fn hash_extents(
-    fd: BorrowedFd<'_>,
-    extents: &[Extent],
-    rel: &[u8],
-) -> Result<BlobId, CaptureError> {
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
+    mut chunk: impl FnMut(&[u8]),
+) -> Result<(), CaptureError> {
+    let total = extents_len(extents);
+    let mut buf = vec![0u8; total.min(1 << 20) as usize];
+    let mut copied = 0u64;
     for e in extents {
         let mut done = 0u64;
         while done < e.len {
@@ -592,14 +555,37 @@ fn hash_extents(
             if n < want {
                 return Err(CaptureError::FileShrank {
                     path: rel_path(rel),
-                    expected: extents_len(extents),
-                    copied: done + n as u64,
+                    expected: total,
+                    copied: copied + n as u64,
                 });
             }
-            hasher.update(&buf[..n]);
+            chunk(&buf[..n]);
             done += n as u64;
+            copied += n as u64;
         }
     }
+    Ok(())
+}
+
+fn read_extents(
+    fd: BorrowedFd<'_>,
+    extents: &[Extent],
+    rel: &[u8],
+) -> Result<Vec<u8>, CaptureError> {
+    let mut data = Vec::with_capacity(extents_len(extents) as usize);
+    read_extents_with(fd, extents, rel, |c| data.extend_from_slice(c))?;
+    Ok(data)
+}
+
+fn hash_extents(
+    fd: BorrowedFd<'_>,
+    extents: &[Extent],
+    rel: &[u8],
+) -> Result<BlobId, CaptureError> {
+    let mut hasher = blake3::Hasher::new();
+    read_extents_with(fd, extents, rel, |c| {
+        hasher.update(c);
+    })?;
     Ok(BlobId(*hasher.finalize().as_bytes()))
 }
 

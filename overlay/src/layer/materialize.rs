@@ -4,17 +4,15 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Instant, SystemTime};
 
-use rustix::fs::{Mode, OFlags, CWD};
-
 use super::blobs::BlobStore;
 use super::capture::LayerCaptureOptions;
 use super::extents::extents_valid;
 use super::manifest::{EntryKind, LayerEntry, LayerManifest};
 use crate::install::{InstallError, InstallLimits, InstallStats};
-use crate::sys::{self, Call};
 use crate::tree::{
-    check_device, check_symlink_target, check_xattr, name_error, parse_hardlink_target, parse_name,
-    path_of, ContentSource, Installer, Member, MemberKind, RegularData,
+    check_device, check_symlink_target, check_xattr, name_error, open_empty_target,
+    parse_hardlink_target, parse_name, path_of, ContentSource, Installer, Member, MemberKind,
+    RegularData,
 };
 use crate::walk::{walk, WalkEntry, WalkErrorSink};
 
@@ -62,22 +60,7 @@ pub fn materialize_layer(
     opts: &MaterializeOptions,
 ) -> Result<(InstallStats, LayerManifest), InstallError> {
     let started = Instant::now();
-    let open_target = |source| InstallError::OpenTarget {
-        path: target.to_path_buf(),
-        source,
-    };
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let target_fd = rustix::fs::openat(CWD, target, flags, Mode::empty())
-        .call("openat")
-        .map_err(open_target)?;
-    if !sys::sorted_names(&target_fd)
-        .map_err(open_target)?
-        .is_empty()
-    {
-        return Err(InstallError::TargetNotEmpty {
-            path: target.to_path_buf(),
-        });
-    }
+    let target_fd = open_empty_target(target)?;
     let content = ContentSource::Blobs {
         store,
         verify: opts.verify_blobs,
