@@ -63,6 +63,20 @@ fn make_fifo(path: &Path) -> io::Result<()> {
     nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(io::Error::from)
 }
 
+/// The `pre-dump` action script: report ready through `ready`, wait for the answer in `go`.
+/// Both fifo operations are bounded: a CRIU whose caller died gives up by itself.
+fn gate_script(ready: &Path, go: &Path) -> String {
+    format!(
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
+         timeout {wait} sh -c 'echo ready > \"$1\"' gate {ready} || exit 1\n\
+         answer=$(timeout {wait} cat {go}) || exit 1\n\
+         [ \"$answer\" = go ]\n",
+        wait = ORPHAN_TIMEOUT.as_secs(),
+        ready = quote(ready),
+        go = quote(go),
+    )
+}
+
 /// Single-quotes `path` for `sh`.
 fn quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
@@ -96,15 +110,7 @@ impl Criu {
         let script = work.join("gate.sh");
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        let text = format!(
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
-             echo ready > {ready} || exit 1\n\
-             answer=$(timeout {wait} cat {go}) || exit 1\n\
-             [ \"$answer\" = go ]\n",
-            wait = ORPHAN_TIMEOUT.as_secs(),
-            ready = quote(&ready_path),
-            go = quote(&go_path),
-        );
+        let text = gate_script(&ready_path, &go_path);
         std::fs::write(&script, text).map_err(setup_err(&script))?;
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(setup_err(&script))?;
@@ -160,17 +166,34 @@ impl Criu {
     }
 }
 
-/// Tells a gated dump whose caller died (its script waiting in `work_dir` for an answer) to
-/// abort, so CRIU exits without touching the tree. Returns whether one was waiting.
+/// Tells a gated dump whose caller died (its script waiting in `work_dir` to report ready or
+/// for an answer) to abort, so CRIU exits without touching the tree. Returns whether one was
+/// waiting. Waits at most about a second.
 pub fn abort_gated_dump(work_dir: &Path) -> bool {
+    let ready = work_dir.join("gate-ready");
     let go = work_dir.join("gate-go");
-    match OpenOptions::new()
-        .write(true)
+    // Opening the ready fifo lets a script blocked on reporting ready go on to wait for
+    // the answer.
+    let Ok(_reader) = OpenOptions::new()
+        .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(&go)
-    {
-        Ok(mut fifo) => fifo.write_all(b"abort\n").is_ok(),
-        Err(_) => false,
+        .open(&ready)
+    else {
+        return false;
+    };
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&go)
+        {
+            Ok(mut fifo) => return fifo.write_all(b"abort\n").is_ok(),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => return false,
+        }
     }
 }
 
@@ -209,4 +232,75 @@ fn join(
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("criu runner thread panicked")))
         .map_err(spawn_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    fn waiting_script(dir: &Path) -> std::process::Child {
+        let (ready, go) = (dir.join("gate-ready"), dir.join("gate-go"));
+        make_fifo(&ready).unwrap();
+        make_fifo(&go).unwrap();
+        let script = dir.join("gate.sh");
+        std::fs::write(&script, gate_script(&ready, &go)).unwrap();
+        Command::new("sh")
+            .arg(&script)
+            .env("CRTOOLS_SCRIPT_ACTION", "pre-dump")
+            .spawn()
+            .unwrap()
+    }
+
+    fn exits_within(child: &mut std::process::Child, limit: Duration) -> Option<bool> {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status.success());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        None
+    }
+
+    #[test]
+    fn an_orphaned_gate_is_released_whether_or_not_it_reported_ready() {
+        // Blocked on reporting ready (its caller died before reading): abort releases it.
+        let dir = tempfile::tempdir().unwrap();
+        let mut script = waiting_script(dir.path());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(abort_gated_dump(dir.path()), "a script was waiting");
+        assert_eq!(
+            exits_within(&mut script, Duration::from_secs(5)),
+            Some(false)
+        );
+
+        // Reported ready and waiting for the answer: abort fails it too.
+        let dir = tempfile::tempdir().unwrap();
+        let mut script = waiting_script(dir.path());
+        let mut ready = std::fs::File::open(dir.path().join("gate-ready")).unwrap();
+        let mut line = String::new();
+        std::io::Read::read_to_string(&mut ready, &mut line).unwrap();
+        assert_eq!(line, "ready\n");
+        assert!(abort_gated_dump(dir.path()));
+        assert_eq!(
+            exits_within(&mut script, Duration::from_secs(5)),
+            Some(false)
+        );
+
+        // A go lets it succeed; nothing waiting: nothing to abort.
+        let dir = tempfile::tempdir().unwrap();
+        let mut script = waiting_script(dir.path());
+        let mut ready = std::fs::File::open(dir.path().join("gate-ready")).unwrap();
+        std::io::Read::read_to_string(&mut ready, &mut line).unwrap();
+        let criu_running = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(3)));
+        answer(&dir.path().join("gate-go"), true, &criu_running).unwrap();
+        assert_eq!(
+            exits_within(&mut script, Duration::from_secs(5)),
+            Some(true)
+        );
+        assert!(!abort_gated_dump(tempfile::tempdir().unwrap().path()));
+    }
 }

@@ -1,7 +1,7 @@
 //! The `exec` helper: runs one action inside an existing sandbox.
 //!
 //! It opens the namespaces of the sandbox init (`/proc/<pid>/ns/*`) and the sandbox's
-//! `cgroup.procs` files, joins the cgroup, `setns`es into pid, uts, ipc, net and mount namespaces
+//! `cgroup.procs` files, joins the cgroup, `setns`es into pid, uts, ipc, net, time and mount namespaces
 //! and forks: the child is in the sandbox's pid namespace, leads a new session (so a timeout can
 //! kill the action's whole process group), takes stdin from the sandbox's own `/dev/null`, keeps
 //! the stdout/stderr memfds the agent gave it, and execs `/bin/sh -c CMD`. Background processes
@@ -101,6 +101,10 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         ("uts", CloneFlags::CLONE_NEWUTS),
         ("ipc", CloneFlags::CLONE_NEWIPC),
         ("net", CloneFlags::CLONE_NEWNET),
+        // A restored sandbox lives in a time namespace CRIU made (it keeps the monotonic and
+        // boot clocks continuous): actions must be in it too, or the next dump spans two
+        // time namespaces and cannot be restored.
+        ("time", CloneFlags::from_bits_retain(libc::CLONE_NEWTIME)),
         ("mnt", CloneFlags::CLONE_NEWNS),
     ] {
         let path = format!("/proc/{pid}/ns/{name}");

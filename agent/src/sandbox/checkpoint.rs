@@ -37,7 +37,7 @@ use belayer_criu::{DumpRequest, GatedDumpError, NetworkLock};
 use belayer_ipc::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault,
 };
-use belayer_overlay::layer::{capture_layer, LayerCaptureOptions, LayerManifest};
+use belayer_overlay::layer::{capture_layer_rereading, LayerCaptureOptions, LayerManifest};
 use belayer_overlay::CaptureError;
 
 use super::{RecordError, SandboxSlot, SandboxState};
@@ -264,11 +264,12 @@ fn take(
         fault(req.fault, FailPoint::AfterFreeze)?;
         let processes = super::process_list(&cgroup);
         let t_fs = Instant::now();
-        let pending = capture_layer(
+        let pending = capture_layer_rereading(
             &slot.paths.upper(rec.instance),
             base.as_deref(),
             &rt.blobs,
             &LayerCaptureOptions::default(),
+            &super::shared_writable_inodes(&cgroup),
         )
         .map_err(fs_err)?;
         let fs_ms = ms(t_fs);

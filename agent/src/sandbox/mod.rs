@@ -143,6 +143,29 @@ pub fn process_list(cgroup: &SandboxCgroup) -> Vec<String> {
     out
 }
 
+/// Inode numbers of the files that processes of the sandbox map shared and writable (`rw?s` in
+/// `/proc/<pid>/maps`). Writes through such a mapping to a page that is already dirty move
+/// neither mtime nor ctime, so an incremental capture must read these files every time.
+pub fn shared_writable_inodes(cgroup: &SandboxCgroup) -> std::collections::HashSet<u64> {
+    let mut out = std::collections::HashSet::new();
+    for pid in cgroup.pids().unwrap_or_default() {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        for line in maps.lines() {
+            let mut fields = line.split_whitespace();
+            let perms = fields.nth(1).unwrap_or("");
+            let inode = fields.nth(2).and_then(|i| i.parse::<u64>().ok());
+            if perms.as_bytes().get(1) == Some(&b'w') && perms.as_bytes().get(3) == Some(&b's') {
+                if let Some(ino) = inode.filter(|i| *i != 0) {
+                    out.insert(ino);
+                }
+            }
+        }
+    }
+    out
+}
+
 impl SandboxRecord {
     /// Writes `state.json` atomically.
     pub fn save(&self, paths: &SandboxPaths) -> Result<(), RecordError> {

@@ -114,6 +114,7 @@ struct Walker<'a, 's> {
     sink: Sink<'s>,
     opts: &'a LayerCaptureOptions,
     base: HashMap<u64, &'a LayerEntry>,
+    reread: &'a HashSet<u64>,
     racy_cutoff: (i64, u32),
     links: HashMap<(u32, u32, u64), Vec<u8>>,
     entries: Vec<LayerEntry>,
@@ -188,7 +189,22 @@ pub fn capture_layer<'s>(
     store: &'s BlobStore,
     opts: &LayerCaptureOptions,
 ) -> Result<PendingLayer<'s>, CaptureError> {
-    let (manifest, base_paths, mut walker) = run(upper, base, Sink::Store(store), opts)?;
+    capture_layer_rereading(upper, base, store, opts, &HashSet::new())
+}
+
+/// [`capture_layer`], reading the files whose inode numbers are in `reread` even when their
+/// key is unchanged: files mapped shared and writable by a process of the sandbox, whose
+/// writes through the mapping change neither mtime nor ctime while the page stays dirty.
+///
+/// Errors: as [`capture_layer`].
+pub fn capture_layer_rereading<'s>(
+    upper: &Path,
+    base: Option<&LayerManifest>,
+    store: &'s BlobStore,
+    opts: &LayerCaptureOptions,
+    reread: &HashSet<u64>,
+) -> Result<PendingLayer<'s>, CaptureError> {
+    let (manifest, base_paths, mut walker) = run(upper, base, Sink::Store(store), opts, reread)?;
     Ok(PendingLayer {
         store,
         manifest,
@@ -210,7 +226,7 @@ pub fn layer_digest(upper: &Path, limits: &InstallLimits) -> Result<BlobId, Capt
         limits: *limits,
         ..LayerCaptureOptions::default()
     };
-    let (manifest, _, _) = run(upper, None, Sink::HashOnly, &opts)?;
+    let (manifest, _, _) = run(upper, None, Sink::HashOnly, &opts, &HashSet::new())?;
     Ok(manifest.content_digest())
 }
 
@@ -219,6 +235,7 @@ fn run<'a, 's>(
     base: Option<&'a LayerManifest>,
     sink: Sink<'s>,
     opts: &'a LayerCaptureOptions,
+    reread: &'a HashSet<u64>,
 ) -> Result<(LayerManifest, Vec<Vec<u8>>, Walker<'a, 's>), CaptureError> {
     let started = Instant::now();
     let captured_at = now();
@@ -226,6 +243,7 @@ fn run<'a, 's>(
         sink,
         opts,
         base: HashMap::new(),
+        reread,
         racy_cutoff: (i64::MIN, 0),
         links: HashMap::new(),
         entries: Vec::new(),
@@ -379,6 +397,9 @@ impl Walker<'_, '_> {
         kind: FileType,
     ) -> Result<bool, CaptureError> {
         let key = key_of(stat);
+        if self.reread.contains(&key.ino) {
+            return Ok(false);
+        }
         let Some(old) = self.base.get(&key.ino) else {
             return Ok(false);
         };

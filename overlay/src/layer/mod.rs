@@ -41,6 +41,14 @@
 //! after a delete gets a new ctime too. The base of the first capture after a restore is
 //! the manifest re-keyed to the restored inodes ([`materialize_layer`] returns it).
 //!
+//! # Restore
+//!
+//! [`materialize_layer`] creates every entry in a fresh upper directory and fills regular files
+//! from their blobs with `copy_file_range`, which shares extents (a reflink) on filesystems that
+//! can (XFS, btrfs) and copies in the kernel elsewhere; compressed blobs are decompressed. A
+//! blob is never hardlinked into an upper directory: the sandbox may write its files, and a
+//! hardlink would let it rewrite the blob under every checkpoint that refers to it.
+//!
 //! # Threat model
 //!
 //! As for the archive format ([`crate::capture`], [`crate::install`]): capture never
@@ -59,7 +67,8 @@ mod materialize;
 
 pub use blobs::{BlobError, BlobStore, GcRoots, GcStats, StoreLease};
 pub use capture::{
-    capture_layer, layer_digest, LayerCaptureOptions, LayerStats, PendingLayer, INLINE_MAX_BYTES,
+    capture_layer, capture_layer_rereading, layer_digest, LayerCaptureOptions, LayerStats,
+    PendingLayer, INLINE_MAX_BYTES,
 };
 pub use extents::{MAX_EXTENTS_PER_FILE, MAX_HOLE_AMPLIFICATION};
 pub use manifest::{
