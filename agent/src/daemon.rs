@@ -199,7 +199,14 @@ impl Agent {
             }
         });
         agent.adopt();
-        agent.collect_blobs();
+        // Reading every checkpoint's layer manifest can take a while: serve meanwhile (the
+        // store's lock keeps captures and the collection apart).
+        let collector = Arc::downgrade(&agent);
+        std::thread::spawn(move || {
+            if let Some(agent) = collector.upgrade() {
+                agent.collect_blobs();
+            }
+        });
         let weak = Arc::downgrade(&agent);
         std::thread::Builder::new()
             .name("reaper".into())
@@ -447,6 +454,27 @@ impl Agent {
             }
             if rec.state == SandboxState::Running && !rec.init_alive() {
                 rec.state = SandboxState::Failed;
+            }
+            // Instances other than the current one are leftovers of a restore the previous
+            // daemon did not finish (or of an old instance it had not deleted yet).
+            let stale: Vec<u32> = fs::read_dir(&paths.dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name();
+                    name.to_str()?.strip_prefix("inst-")?.parse::<u32>().ok()
+                })
+                .filter(|n| *n != rec.instance)
+                .collect();
+            if !stale.is_empty() {
+                tracing::info!(sandbox = %id, ?stale, "removing stale instances");
+                let paths = paths.clone();
+                std::thread::spawn(move || {
+                    for n in stale {
+                        sandbox::restore::retire_instance(&paths, n);
+                    }
+                });
             }
             if let Err(err) = rec.save(&paths) {
                 tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");

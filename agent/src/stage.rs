@@ -143,6 +143,13 @@ impl DumpStage {
     }
 }
 
+impl Drop for DumpStage {
+    /// Removes this daemon's stage directory (the tmpfs stays mounted for the next one).
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl StageSlot<'_> {
     /// The directory CRIU dumps into.
     pub fn dir(&self) -> &Path {

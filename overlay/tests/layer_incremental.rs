@@ -665,3 +665,28 @@ fn a_real_overlay_upper_round_trips_incrementally() {
 fn has_overlay_uuid(upper: &Path) -> bool {
     layer_common::getxattr(upper, "trusted.overlay.uuid").is_some()
 }
+
+#[test]
+fn a_damaged_blob_is_replaced_by_the_next_capture_holding_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = BlobStore::open(&dir.path().join("store")).unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for d in [&a, &b] {
+        fs::create_dir(d).unwrap();
+        fs::write(d.join("f"), b"the same bytes in two sandboxes").unwrap();
+    }
+    let (first, _) = capture(&a, None, &store, &no_racy_window()).unwrap();
+    let id = first.blobs()[0];
+    // Damaged at rest: one flipped byte.
+    let path = store.blob_path(&id);
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[0] ^= 1;
+    fs::write(&path, bytes).unwrap();
+    assert!(store.verify(&id).is_err());
+    // Another capture with the same content stores it again instead of trusting the copy.
+    let (second, stats) = capture(&b, None, &store, &no_racy_window()).unwrap();
+    assert_eq!(second.blobs(), [id]);
+    assert_eq!(stats.new_blobs, 1);
+    store.verify(&id).unwrap();
+}

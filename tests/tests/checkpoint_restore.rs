@@ -183,7 +183,10 @@ time.sleep(1e9)
     std::thread::sleep(std::time::Duration::from_millis(50));
     d.checkpoint(&id, 1, b"L1");
     let before = d.sh(&id, "stat -c '%Y %Z' /data");
-    d.sh(&id, "touch /tmp/go; while [ ! -e /tmp/b ]; do sleep 0.01; done");
+    d.sh(
+        &id,
+        "touch /tmp/go; while [ ! -e /tmp/b ]; do sleep 0.01; done",
+    );
     assert_eq!(d.sh(&id, "head -c 8 /data"), "BBBBBBBB");
     // The times did not move (else any capture would notice); the content did.
     assert_eq!(d.sh(&id, "stat -c '%Y %Z' /data"), before);

@@ -163,6 +163,25 @@ impl BlobStore {
         self.blob_path(id).is_file() || self.zst_path(id).is_file()
     }
 
+    /// Whether blob `id` is in the store and hashes to its name. A blob that does not (damaged
+    /// at rest) is removed, so the capture that has its bytes in hand stores them again
+    /// instead of referring to the damaged copy. Runs after the thaw, only when a capture's
+    /// content is already in the store.
+    fn holds_intact(&self, id: &BlobId) -> bool {
+        if !self.contains(id) {
+            return false;
+        }
+        match self.verify(id) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(blob = %id, error = %e, "replacing a damaged blob");
+                let _ = fs::remove_file(self.blob_path(id));
+                let _ = fs::remove_file(self.zst_path(id));
+                false
+            }
+        }
+    }
+
     /// Takes a [`StoreLease`] (blocks while a collection runs).
     ///
     /// Errors: [`BlobError::Io`].
@@ -212,7 +231,7 @@ impl BlobStore {
         id: &BlobId,
         batch: &mut BlobBatch,
     ) -> Result<u64, BlobError> {
-        if batch.ids.contains(id) || self.contains(id) {
+        if batch.ids.contains(id) || self.holds_intact(id) {
             fs::remove_file(staged).map_err(io_err("unlink", staged))?;
             return Ok(0);
         }
@@ -247,7 +266,7 @@ impl BlobStore {
         data: &[u8],
         batch: &mut BlobBatch,
     ) -> Result<u64, BlobError> {
-        if batch.ids.contains(id) || self.contains(id) {
+        if batch.ids.contains(id) || self.holds_intact(id) {
             return Ok(0);
         }
         let (mut file, path) = self.staging_file()?;
