@@ -336,17 +336,11 @@ impl Criu {
 impl DumpRequest {
     /// What the CRIU child does before exec: enter the tree's network namespace if asked.
     pub(crate) fn child_setup(&self) -> Result<ChildSetup, DumpError> {
-        let netns = match &self.netns {
-            Some(path) => Some(
-                std::fs::File::open(path)
-                    .map_err(|source| DumpError::OpenNetns {
-                        path: path.clone(),
-                        source,
-                    })?
-                    .into(),
-            ),
-            None => None,
-        };
+        let netns =
+            run::open_netns(self.netns.as_deref()).map_err(|source| DumpError::OpenNetns {
+                path: self.netns.clone().unwrap_or_default(),
+                source,
+            })?;
         Ok(ChildSetup {
             netns,
             ..ChildSetup::default()

@@ -331,17 +331,11 @@ impl Criu {
             }
         }
         let cgroups = open_cgroup_procs(&req.join_cgroups)?;
-        let netns = match &req.netns {
-            Some(path) => Some(
-                std::fs::File::open(path)
-                    .map_err(|source| RestoreError::OpenNetns {
-                        path: path.clone(),
-                        source,
-                    })?
-                    .into(),
-            ),
-            None => None,
-        };
+        let netns =
+            run::open_netns(req.netns.as_deref()).map_err(|source| RestoreError::OpenNetns {
+                path: req.netns.clone().unwrap_or_default(),
+                source,
+            })?;
         let setup = ChildSetup {
             netns,
             cgroups,

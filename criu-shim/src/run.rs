@@ -23,6 +23,12 @@ pub(crate) struct ChildSetup {
     pub private_bind: Option<(CString, CString)>,
 }
 
+/// Opens the network namespace file at `path` (for [`ChildSetup::netns`]), if any.
+pub(crate) fn open_netns(path: Option<&Path>) -> io::Result<Option<OwnedFd>> {
+    path.map(|p| std::fs::File::open(p).map(OwnedFd::from))
+        .transpose()
+}
+
 /// One finished `criu` run.
 #[derive(Debug)]
 pub(crate) struct Finished {

@@ -252,14 +252,27 @@ fn take(
     // then, so CRIU's start-up stays out of the window.
     let gated = rt.criu.dump_gated(&dump, || {
         let t_freeze = Instant::now();
-        let frozen = cgroup
-            .freeze(std::time::Duration::from_millis(
-                rt.config.freeze_timeout_ms,
-            ))
-            .map_err(|source| CheckpointError::Freeze {
-                id: id.clone(),
-                source,
-            })?;
+        let freeze = || {
+            cgroup
+                .freeze(std::time::Duration::from_millis(
+                    rt.config.freeze_timeout_ms,
+                ))
+                .map_err(|source| CheckpointError::Freeze {
+                    id: id.clone(),
+                    source,
+                })
+        };
+        let mut frozen = freeze()?;
+        // A parent frozen between vfork() and its child's exec sleeps uninterruptibly: CRIU
+        // cannot seize it and gives up after its timeout. Let such a tree run for a moment.
+        for _ in 0..MAX_REFREEZES {
+            if !super::in_vfork(&cgroup) {
+                break;
+            }
+            drop(frozen);
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            frozen = freeze()?;
+        }
         let freeze_ms = ms(t_freeze);
         fault(req.fault, FailPoint::AfterFreeze)?;
         let processes = super::process_list(&cgroup);
@@ -405,6 +418,9 @@ fn take(
         created_unix_ms: manifest.created_unix_ms,
     })
 }
+
+/// Most times a freeze is undone and retried because it caught a task inside `vfork`.
+const MAX_REFREEZES: usize = 20;
 
 /// What the frozen part of a checkpoint hands to the dump and the publication.
 struct Frozen<'c, 's> {

@@ -143,6 +143,15 @@ pub fn process_list(cgroup: &SandboxCgroup) -> Vec<String> {
     out
 }
 
+/// Whether a task of the sandbox waits in `vfork` for its child to exec or exit (its kernel
+/// stack, `/proc/<pid>/stack`, says so). Such a task cannot be seized by CRIU while frozen.
+pub fn in_vfork(cgroup: &SandboxCgroup) -> bool {
+    cgroup.pids().unwrap_or_default().into_iter().any(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stack"))
+            .is_ok_and(|stack| stack.contains("vfork"))
+    })
+}
+
 /// Inode numbers of the files that processes of the sandbox map shared and writable (`rw?s` in
 /// `/proc/<pid>/maps`). Writes through such a mapping to a page that is already dirty move
 /// neither mtime nor ctime, so an incremental capture must read these files every time.
