@@ -95,6 +95,11 @@ impl DumpStage {
                 source,
             })?;
         }
+        // Directories of daemons that ended without cleaning up: only empty ones go (`rmdir`
+        // refuses the others); a live daemon re-creates its directory when it next dumps.
+        for entry in fs::read_dir(mount_point).into_iter().flatten().flatten() {
+            let _ = fs::remove_dir(entry.path());
+        }
         let owner = blake3::hash(state_dir.as_os_str().as_encoded_bytes()).to_hex();
         let dir = mount_point.join(&owner.as_str()[..16]);
         let _ = fs::remove_dir_all(&dir);
@@ -133,7 +138,7 @@ impl DumpStage {
             dir: self.dir.join(format!("dump-{n}")),
             bytes,
         };
-        match fs::create_dir(&slot.dir) {
+        match fs::create_dir_all(&slot.dir) {
             Ok(()) => Some(slot),
             Err(e) => {
                 tracing::warn!(path = %slot.dir.display(), error = %e, "cannot use the dump stage");
