@@ -48,6 +48,22 @@ pub struct Config {
     /// images while the sandbox is frozen, shared by concurrent checkpoints; 0: dump straight
     /// to the state dir. Memory is used only while dumps sit there.
     pub dump_stage_bytes: u64,
+    /// `memory.max` of sandboxes whose spec sets none, bytes; 0 = unlimited. Output an
+    /// action leaves to background writers is charged to the sandbox too.
+    pub default_memory_max_bytes: u64,
+    /// CPU bandwidth (in CPUs) of sandboxes whose spec sets none; 0 = unlimited.
+    pub default_cpus: f64,
+    /// User namespace of sandboxes whose spec sets none: `"private"` (each sandbox in its own
+    /// user namespace, root inside an unprivileged host uid) or `"host"` (explicit opt-in to
+    /// run sandbox root as host root).
+    pub userns: String,
+    /// First host uid/gid of the pool sandbox user namespaces map their ids to.
+    pub userns_host_base: u32,
+    /// Ids per sandbox (≥ 65536).
+    pub userns_size: u32,
+    /// Number of sandbox ranges in the pool (the most sandboxes with a private user
+    /// namespace at once).
+    pub userns_count: u32,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
     #[serde(rename = "memory_server")]
     pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
@@ -70,6 +86,12 @@ impl Default for Config {
             no_bpf: false,
             blob_zstd_level: None,
             dump_stage_bytes: 8 << 30,
+            default_memory_max_bytes: 8 << 30,
+            default_cpus: 4.0,
+            userns: "private".to_string(),
+            userns_host_base: 1 << 30,
+            userns_size: 65536,
+            userns_count: 4096,
             memory_servers: Vec::new(),
         }
     }
@@ -107,6 +129,15 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The pool of host id ranges for sandbox user namespaces.
+    pub fn userns_pool(&self) -> crate::userns::IdPool {
+        crate::userns::IdPool {
+            host_base: self.userns_host_base,
+            size: self.userns_size,
+            count: self.userns_count,
+        }
+    }
+
     /// Loads `path`; a missing file at the default location yields the defaults.
     pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
         match std::fs::read_to_string(path) {
@@ -163,6 +194,41 @@ impl Config {
                 });
             }
         }
+        if !matches!(self.userns.as_str(), "private" | "host") {
+            return Err(ConfigError::Invalid {
+                field: "userns",
+                reason: "must be \"private\" or \"host\"",
+            });
+        }
+        let pool_end = u64::from(self.userns_host_base)
+            + u64::from(self.userns_size) * u64::from(self.userns_count);
+        if self.userns_size < 65536
+            || self.userns_count == 0
+            || self.userns_host_base < 65536
+            || pool_end > u64::from(u32::MAX)
+        {
+            return Err(ConfigError::Invalid {
+                field: "userns_host_base",
+                reason:
+                    "the pool needs ranges of ≥ 65536 ids above host id 65535 and below 2^32 - 1",
+            });
+        }
+        if !self.default_cpus.is_finite()
+            || self.default_cpus < 0.0
+            || (self.default_cpus > 0.0
+                && crate::cgroup::CpuMax::from_cpus(self.default_cpus).is_none())
+        {
+            return Err(ConfigError::Invalid {
+                field: "default_cpus",
+                reason: "must be 0 (unlimited) or between 0.01 and 65536",
+            });
+        }
+        if self.default_memory_max_bytes != 0 && self.default_memory_max_bytes < (1 << 20) {
+            return Err(ConfigError::Invalid {
+                field: "default_memory_max_bytes",
+                reason: "must be 0 (unlimited) or at least 1 MiB",
+            });
+        }
         if self.freeze_timeout_ms == 0 {
             return Err(ConfigError::Invalid {
                 field: "freeze_timeout_ms",
@@ -196,6 +262,15 @@ mod tests {
         let mut c = Config::default();
         assert!(c.validate().is_ok());
         c.cgroup_parent = "../x".into();
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.userns = "shared".into();
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.userns_count = u32::MAX;
+        assert!(c.validate().is_err());
+        let mut c = Config::default();
+        c.default_cpus = f64::NAN;
         assert!(c.validate().is_err());
     }
 }

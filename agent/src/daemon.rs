@@ -66,6 +66,9 @@ pub enum StartError {
     /// Not even the fallback sandbox tracer could start.
     #[error("cannot start the sandbox tracer")]
     Tracer(#[source] belayer_ebpf::TracerError),
+    /// The helper binary could not be sealed into a memfd.
+    #[error(transparent)]
+    Helper(#[from] crate::helper::image::HelperImageError),
     /// The upper-layer blob store could not be opened.
     #[error("cannot open the blob store")]
     Blobs(#[source] belayer_overlay::layer::BlobError),
@@ -151,10 +154,7 @@ impl Agent {
         // first is working on.
         let lock = lock_state_dir(&config.state_dir)?;
         let images = ImageStore::open(&config.state_dir)?;
-        let helper_exe = crate::helper::self_exe().map_err(|source| StartError::StateDir {
-            path: "/proc/self/exe".into(),
-            source,
-        })?;
+        let helper = crate::helper::image::HelperImage::beside_current_exe()?;
         let contexts = ContextLogs::new(&config.state_dir);
         let tracer =
             crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
@@ -175,6 +175,7 @@ impl Agent {
         let blobs = belayer_overlay::layer::BlobStore::open(&config.state_dir.join("blobs"))
             .map_err(StartError::Blobs)?
             .with_compression(config.blob_zstd_level);
+        let pool = config.userns_pool();
         let agent = Arc::new(Agent {
             _lock: lock,
             events: EventBus::default(),
@@ -185,7 +186,8 @@ impl Agent {
                 config,
                 images,
                 criu,
-                helper_exe,
+                helper,
+                userns: crate::userns::RangeAllocator::new(pool),
                 tracer,
                 blobs,
                 stage,
@@ -249,9 +251,16 @@ impl Agent {
 
     /// Removes a sandbox, untraced first: the removal's kills are the agent's own, not faults.
     fn remove_sandbox(&self, slot: &SandboxSlot) -> Result<(), sandbox::remove::RemoveError> {
-        let id = slot.record().id.clone();
+        let (id, userns) = {
+            let rec = slot.record();
+            (rec.id.clone(), rec.userns)
+        };
         self.rt.tracer.untrack(&id);
-        sandbox::remove::remove(slot)
+        sandbox::remove::remove(slot)?;
+        if let Some(range) = userns {
+            self.rt.userns.release(range);
+        }
+        Ok(())
     }
 
     /// Removes the blobs no checkpoint refers to any more: reference counts over the layer
@@ -300,17 +309,10 @@ impl Agent {
     /// killer): marks a running sandbox failed at once and announces it (once per instance).
     fn on_fault(&self, id: &str, fault: &belayer_ebpf::Fault) {
         let Some(slot) = self.slot(id) else { return };
-        let instance = {
-            let mut rec = slot.record();
-            if rec.state != SandboxState::Running {
-                return;
-            }
-            rec.state = SandboxState::Failed;
-            if let Err(e) = rec.save(&slot.paths) {
-                tracing::error!(sandbox = %id, error = %e, "cannot persist sandbox state");
-            }
-            rec.instance
-        };
+        if !slot.fail() {
+            return;
+        }
+        let instance = slot.record().instance;
         let fresh = self
             .failed_seen
             .lock()
@@ -409,6 +411,16 @@ impl Agent {
         };
         for e in entries.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
+            if id.starts_with(sandbox::remove::TRASH_PREFIX) {
+                // Removed, not yet deleted: finish in the background.
+                let path = e.path();
+                std::thread::spawn(move || {
+                    if let Err(err) = fs::remove_dir_all(&path) {
+                        tracing::warn!(path = %path.display(), error = %err, "cannot delete a removed sandbox");
+                    }
+                });
+                continue;
+            }
             let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
             let mut rec = match SandboxRecord::load(&paths) {
                 Ok(r) => r,
@@ -417,30 +429,32 @@ impl Agent {
                     continue;
                 }
             };
-            if matches!(
-                rec.state,
-                SandboxState::Checkpointing | SandboxState::Restoring
-            ) {
-                // Interrupted by a crash: let a dump the previous daemon started finish (it
-                // restores the freezer state it found when it exits), then thaw, and discard
-                // any unpublished checkpoint.
-                if belayer_criu::abort_gated_dump(&paths.criu_work()) {
-                    tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
-                }
-                if let Some(pid) = rec.init_pid {
-                    wait_for_orphaned_dump(pid, Duration::from_secs(30));
-                }
-                if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+            if let Some(range) = rec.userns {
+                self.rt.userns.adopt(range);
+            }
+            // A checkpoint interrupted by a crash left no trace in the state file (that state
+            // is never written), but maybe a CRIU dump still running and a frozen cgroup: let
+            // the dump finish (it restores the freezer state it found when it exits), thaw,
+            // and discard any unpublished checkpoint (below).
+            if belayer_criu::abort_gated_dump(&paths.criu_work()) {
+                tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
+            }
+            if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+                if cg.is_frozen().unwrap_or(false) {
+                    if let Some(pid) = rec.init_pid {
+                        wait_for_orphaned_dump(pid, Duration::from_secs(30));
+                    }
                     if let Err(err) = cg.thaw() {
                         tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
                     }
                 }
-                rec.state = if rec.state == SandboxState::Checkpointing {
-                    SandboxState::Running
-                } else {
-                    SandboxState::Failed
-                };
             }
+            rec.state = match rec.state {
+                // Written by daemons that persisted transient states.
+                SandboxState::Checkpointing => SandboxState::Running,
+                SandboxState::Restoring => SandboxState::Failed,
+                s => s,
+            };
             if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
                 match store.discard_unpublished() {
                     Ok(0) => {}

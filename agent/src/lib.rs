@@ -55,3 +55,4 @@ pub mod stage;
 pub mod store;
 pub mod sys;
 pub mod trace;
+pub mod userns;

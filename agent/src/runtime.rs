@@ -1,7 +1,5 @@
 //! Shared resources of the agent that every sandbox verb uses.
 
-use std::path::PathBuf;
-
 use belayer_criu::Criu;
 
 use crate::config::Config;
@@ -16,8 +14,8 @@ pub struct Runtime {
     pub images: ImageStore,
     /// The CRIU in use.
     pub criu: Criu,
-    /// Binary re-executed for helper processes (see [`crate::helper`]).
-    pub helper_exe: PathBuf,
+    /// The helper binary, sealed in a memfd (see [`crate::helper::image`]).
+    pub helper: crate::helper::image::HelperImage,
     /// The sandbox tracer (BPF or fallback): fault detection and per-action verdicts.
     pub tracer: crate::trace::SandboxTracer,
     /// The node's upper-layer blob store (`state_dir/blobs`), shared by every checkpoint of
@@ -25,6 +23,8 @@ pub struct Runtime {
     pub blobs: belayer_overlay::layer::BlobStore,
     /// The tmpfs CRIU dumps into while a sandbox is frozen (`None`: disabled or unavailable).
     pub stage: Option<crate::stage::DumpStage>,
+    /// Host id ranges of sandbox user namespaces.
+    pub userns: crate::userns::RangeAllocator,
 }
 
 impl Runtime {

@@ -255,14 +255,32 @@ pub fn loopback_up() -> SysResult<()> {
     Ok(())
 }
 
-/// A fresh network namespace with `lo` up, as an open nsfs fd (the namespace lives as long
-/// as the fd or a process in it). Made on a short-lived thread, so the caller's own
-/// namespace never changes.
-pub fn new_netns() -> SysResult<std::os::fd::OwnedFd> {
-    let made = std::thread::spawn(|| -> SysResult<std::os::fd::OwnedFd> {
+/// Readies the caller's (fresh) network namespace for a sandbox: `lo` up and, for a sandbox
+/// in its own user namespace (which holds no capability over this namespace, owned by the
+/// host's), low ports bindable by every uid (`net.ipv4.ip_unprivileged_port_start = 0`) and
+/// ICMP echo sockets for every gid (`net.ipv4.ping_group_range`), as root in a container
+/// expects. These sysctls are per network namespace.
+pub fn prepare_netns(unprivileged_root: bool) -> SysResult<()> {
+    loopback_up()?;
+    if unprivileged_root {
+        for (file, value) in [
+            ("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0"),
+            ("/proc/sys/net/ipv4/ping_group_range", "0 2147483647"),
+        ] {
+            fs::write(file, value).map_err(|e| SyscallError::io("write", file, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// A fresh network namespace readied by [`prepare_netns`], as an open nsfs fd (the namespace
+/// lives as long as the fd or a process in it). Made on a short-lived thread, so the caller's
+/// own namespace never changes.
+pub fn new_netns(unprivileged_root: bool) -> SysResult<std::os::fd::OwnedFd> {
+    let made = std::thread::spawn(move || -> SysResult<std::os::fd::OwnedFd> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
             .map_err(|e| SyscallError::new("unshare", "CLONE_NEWNET", e))?;
-        loopback_up()?;
+        prepare_netns(unprivileged_root)?;
         std::fs::File::open("/proc/thread-self/ns/net")
             .map(Into::into)
             .map_err(|e| SyscallError::io("open", "/proc/thread-self/ns/net", e))

@@ -33,6 +33,7 @@ pub struct DumpRequest {
     timeout_s: Option<u32>,
     action_script: Option<PathBuf>,
     netns: Option<PathBuf>,
+    cgroupns: Option<PathBuf>,
     log_level: LogLevel,
 }
 
@@ -54,8 +55,8 @@ pub struct DumpStats {
 /// Why a dump failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
-    /// The network namespace to run CRIU in could not be opened.
-    #[error("cannot open network namespace {}", path.display())]
+    /// The network or cgroup namespace to run CRIU in could not be opened.
+    #[error("cannot open namespace {}", path.display())]
     OpenNetns {
         /// The nsfs path.
         path: PathBuf,
@@ -144,6 +145,7 @@ impl DumpRequest {
             timeout_s: None,
             action_script: None,
             netns: None,
+            cgroupns: None,
             log_level: LogLevel::default(),
         }
     }
@@ -258,6 +260,15 @@ impl DumpRequest {
         self
     }
 
+    /// Runs CRIU inside the cgroup namespace at `path` (the tree's: `/proc/<pid>/ns/cgroup`),
+    /// so it is not dumped (with `--manage-cgroups=ignore` CRIU keeps no cgroup state that
+    /// could describe it); restore makes a fresh one rooted at the new cgroup
+    /// ([`RestoreRequest::new_cgroupns`](crate::RestoreRequest::new_cgroupns)).
+    pub fn in_cgroupns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.cgroupns = Some(path.into());
+        self
+    }
+
     /// The `criu` arguments for this request.
     pub(crate) fn args(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["dump".into()];
@@ -341,8 +352,14 @@ impl DumpRequest {
                 path: self.netns.clone().unwrap_or_default(),
                 source,
             })?;
+        let cgroupns =
+            run::open_netns(self.cgroupns.as_deref()).map_err(|source| DumpError::OpenNetns {
+                path: self.cgroupns.clone().unwrap_or_default(),
+                source,
+            })?;
         Ok(ChildSetup {
             netns,
+            cgroupns,
             ..ChildSetup::default()
         })
     }

@@ -34,6 +34,7 @@ pub struct RestoreRequest {
     network_lock: Option<NetworkLock>,
     join_cgroups: Vec<PathBuf>,
     netns: Option<PathBuf>,
+    new_cgroupns: bool,
     log_level: LogLevel,
 }
 
@@ -152,8 +153,18 @@ impl RestoreRequest {
             network_lock: None,
             join_cgroups: Vec::new(),
             netns: None,
+            new_cgroupns: false,
             log_level: LogLevel::default(),
         }
+    }
+
+    /// Runs CRIU in a new cgroup namespace rooted at the cgroups it joined first
+    /// ([`Self::join_cgroups`]): for a tree dumped with
+    /// [`DumpRequest::in_cgroupns`](crate::DumpRequest::in_cgroupns), the restored tree
+    /// lives in a cgroup namespace rooted at its fresh cgroup.
+    pub fn new_cgroupns(mut self, on: bool) -> Self {
+        self.new_cgroupns = on;
+        self
     }
 
     /// Restores a tree dumped with [`DumpRequest::in_netns`](crate::DumpRequest::in_netns)
@@ -339,7 +350,8 @@ impl Criu {
         let setup = ChildSetup {
             netns,
             cgroups,
-            private_bind: None,
+            new_cgroupns: req.new_cgroupns,
+            ..ChildSetup::default()
         };
         let done =
             run::run(self.path(), &req.args(), setup).map_err(|source| RestoreError::Spawn {

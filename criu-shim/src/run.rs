@@ -21,9 +21,16 @@ pub(crate) struct ChildSetup {
     pub cgroups: Vec<OwnedFd>,
     /// Run in a private mount namespace with `.0` bind-mounted over `.1`.
     pub private_bind: Option<(CString, CString)>,
+    /// Enter this cgroup namespace (an open nsfs fd): CRIU then treats the tree's cgroup
+    /// namespace as its own and does not dump it.
+    pub cgroupns: Option<OwnedFd>,
+    /// After joining [`Self::cgroups`], unshare a cgroup namespace rooted there: the restored
+    /// tree is born in it, as the dumped tree lived in one rooted at its own cgroup.
+    pub new_cgroupns: bool,
 }
 
-/// Opens the network namespace file at `path` (for [`ChildSetup::netns`]), if any.
+/// Opens the namespace file at `path` (for [`ChildSetup::netns`], [`ChildSetup::cgroupns`]),
+/// if any.
 pub(crate) fn open_netns(path: Option<&Path>) -> io::Result<Option<OwnedFd>> {
     path.map(|p| std::fs::File::open(p).map(OwnedFd::from))
         .transpose()
@@ -65,6 +72,12 @@ pub(crate) fn run(criu: &Path, args: &[OsString], setup: ChildSetup) -> io::Resu
             }
             for fd in &setup.cgroups {
                 sys::child_join_cgroup(fd.as_fd())?;
+            }
+            if let Some(fd) = &setup.cgroupns {
+                sys::child_enter_cgroupns(fd.as_fd())?;
+            }
+            if setup.new_cgroupns {
+                sys::child_new_cgroupns()?;
             }
             if let Some((source, target)) = &setup.private_bind {
                 sys::child_private_bind(source, target)?;

@@ -100,6 +100,18 @@ pub(crate) fn child_enter_netns(fd: BorrowedFd<'_>) -> io::Result<()> {
         .map_err(|e| io::Error::from_raw_os_error(e as i32))
 }
 
+/// In a forked child: enters the cgroup namespace open as `fd`.
+pub(crate) fn child_enter_cgroupns(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sched::setns(fd, CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))
+}
+
+/// In a forked child: unshares a cgroup namespace rooted at the current cgroup.
+pub(crate) fn child_new_cgroupns() -> io::Result<()> {
+    nix::sched::unshare(CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| io::Error::from_raw_os_error(e as i32))
+}
+
 /// In a forked child: moves this process into the cgroup whose `cgroup.procs` is open as `procs`
 /// (writing `"0"` names the writer).
 pub(crate) fn child_join_cgroup(procs: BorrowedFd<'_>) -> io::Result<()> {

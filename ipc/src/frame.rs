@@ -30,7 +30,7 @@ use crate::message::{Envelope, Event, Request, Response};
 pub const MAGIC: [u8; 4] = *b"BLYR";
 
 /// The protocol version this crate speaks; frames carrying any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 16;
@@ -514,6 +514,11 @@ mod tests {
             instance: 1,
             tag: Some("rollout-7".to_owned()),
             created_unix_ms: 1_700_000_000_000,
+            userns: Some(UsernsInfo {
+                mode: "private".to_owned(),
+                uid_map: vec![[0, 1 << 30, 65536]],
+                gid_map: vec![[0, 1 << 30, 65536]],
+            }),
         }
     }
 
@@ -608,6 +613,8 @@ mod tests {
                 pids_max: None,
                 env: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
                 tag: Some("rollout-7".to_owned()),
+                cpus: Some(1.5),
+                userns: Some(crate::UsernsMode::Host),
             }),
             Request::ListSandboxes,
             Request::InspectSandbox {

@@ -83,6 +83,7 @@ pub use message::{
     ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo, InfraFault,
     InfraFaultKind, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
     RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
+    UsernsInfo, UsernsMode,
 };
 pub use transport::{
     bind_socket, peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, BindError,

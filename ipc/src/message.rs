@@ -187,6 +187,42 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Rollout tag, used by `gc --tag` to drop a rollout's checkpoints.
     pub tag: Option<String>,
+    /// CPU bandwidth limit in CPUs (e.g. `1.5`); `None` = the daemon's default.
+    pub cpus: Option<f64>,
+    /// User namespace of the sandbox; `None` = the daemon's default (private).
+    pub userns: Option<UsernsMode>,
+}
+
+/// Which user namespace a sandbox runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UsernsMode {
+    /// Its own user namespace: root inside is an unprivileged host uid of a range of its
+    /// own (the default).
+    Private,
+    /// The host's user namespace: root inside is host root, confined only by capabilities,
+    /// seccomp and the mount namespace. An explicit opt-in (`--userns=host`).
+    Host,
+}
+
+impl UsernsMode {
+    /// `"private"` or `"host"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsernsMode::Private => "private",
+            UsernsMode::Host => "host",
+        }
+    }
+}
+
+/// The user namespace of a sandbox as clients see it (`sandbox inspect --json`: `"userns"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsernsInfo {
+    /// `private` or `host`.
+    pub mode: String,
+    /// `(inside, outside, count)` lines of the init's `uid_map`.
+    pub uid_map: Vec<[u32; 3]>,
+    /// `(inside, outside, count)` lines of the init's `gid_map`.
+    pub gid_map: Vec<[u32; 3]>,
 }
 
 /// A sandbox as seen by clients.
@@ -212,6 +248,8 @@ pub struct SandboxInfo {
     pub tag: Option<String>,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// The user namespace (id maps of the init when it runs, else the recorded range).
+    pub userns: Option<UsernsInfo>,
 }
 
 /// One action.

@@ -105,6 +105,7 @@
 pub mod capture;
 pub mod digest;
 mod format;
+mod idmap;
 pub mod install;
 pub mod layer;
 pub mod mount;
@@ -114,6 +115,7 @@ mod walk;
 
 pub use capture::{capture_upper, capture_upper_with_limits, CaptureError, CaptureStats};
 pub use digest::{file_digest, first_difference, tree_digest, tree_listing, DigestError};
+pub use idmap::{AttachedTree, IdmappedTree};
 pub use install::{install_upper, InstallError, InstallLimits, InstallStats};
-pub use mount::{is_mountpoint, unmount, MountError, MountFailure, OverlayMount};
+pub use mount::{is_mountpoint, unmount, MountError, MountFailure, MountOptions, OverlayMount};
 pub use sys::SyscallError;

@@ -9,7 +9,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +19,21 @@ use rustix::mount::{
     FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
 };
 
+use crate::idmap::{AttachedTree, IdmappedTree};
 use crate::sys::{Call, SyscallError};
+
+/// Options of an overlay mount beyond its layers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MountOptions<'a> {
+    /// Present every lower layer through this user namespace's id map (an nsfs fd, see
+    /// [`crate::idmap`]): files owned by host uid 0 appear owned by the namespace's root.
+    /// The layers are also mounted read-only, `nodev` and `nosuid`.
+    pub idmap: Option<BorrowedFd<'a>>,
+    /// `nodev`: device nodes on the overlay cannot be opened.
+    pub nodev: bool,
+    /// `nosuid`: set-user-id and set-group-id bits and file capabilities are ignored.
+    pub nosuid: bool,
+}
 
 /// Why mounting, unmounting or inspecting mounts failed.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +148,21 @@ impl OverlayMount {
         work: &Path,
         target: &Path,
     ) -> Result<OverlayMount, MountError> {
+        Self::mount_with(lowers, upper, work, target, &MountOptions::default())
+    }
+
+    /// Like [`mount_layers`](OverlayMount::mount_layers) with [`MountOptions`]: idmapped
+    /// lower layers (Linux ≥ 5.19), `nodev`, `nosuid`. Kernels whose overlayfs takes no
+    /// layer fds (before 6.13) get each idmapped layer attached for the duration of the
+    /// mount at `<target>.lower-<i>` (a sibling of the mount point, which must therefore sit
+    /// in a directory only root can enter).
+    pub fn mount_with(
+        lowers: &[&Path],
+        upper: &Path,
+        work: &Path,
+        target: &Path,
+        opts: &MountOptions<'_>,
+    ) -> Result<OverlayMount, MountError> {
         if lowers.is_empty() {
             return Err(MountError::NoLowerLayer {
                 target: target.to_path_buf(),
@@ -149,10 +178,32 @@ impl OverlayMount {
                 source,
             }))
         };
-        match mount_fsopen(lowers, upper, work, target) {
+        let trees = match opts.idmap {
+            Some(userns) => lowers
+                .iter()
+                .map(|l| IdmappedTree::new(l, userns))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| fail(source, Vec::new()))?,
+            None => Vec::new(),
+        };
+        let layers = Layers {
+            lowers,
+            trees: &trees,
+        };
+        match mount_fsopen(&layers, upper, work, target, opts) {
             Ok(()) => {}
-            Err(NewApiError::Unsupported) => mount_legacy(lowers, upper, work, target)
-                .map_err(|e| e.into_mount_error(target, |source| fail(source, Vec::new())))?,
+            Err(NewApiError::Unsupported) => {
+                let attached = layers
+                    .attach_all(target)
+                    .map_err(|source| fail(source, Vec::new()))?;
+                let paths: Vec<PathBuf> = match &attached {
+                    Some(a) => a.iter().map(|t| t.target().to_path_buf()).collect(),
+                    None => lowers.iter().map(|l| l.to_path_buf()).collect(),
+                };
+                let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+                mount_legacy(&refs, upper, work, target, opts)
+                    .map_err(|e| e.into_mount_error(target, |source| fail(source, Vec::new())))?
+            }
             Err(NewApiError::Failed { source, log }) => return Err(fail(source, log)),
         }
         tracing::debug!(target = %target.display(), upper = %upper.display(), "mounted overlay");
@@ -263,12 +314,44 @@ enum NewApiError {
 /// `mount(2)`.
 static NEW_API_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
+/// The lower layers of one mount: paths, and their idmapped clones when asked for.
+struct Layers<'a> {
+    lowers: &'a [&'a Path],
+    trees: &'a [IdmappedTree],
+}
+
+impl Layers<'_> {
+    /// Attaches every idmapped tree at `<target>.lower-<i>`; `None` without idmapping.
+    fn attach_all(&self, target: &Path) -> Result<Option<Vec<AttachedTree>>, SyscallError> {
+        if self.trees.is_empty() {
+            return Ok(None);
+        }
+        let mut attached = Vec::with_capacity(self.trees.len());
+        for (i, tree) in self.trees.iter().enumerate() {
+            let mut name = target.as_os_str().to_owned();
+            name.push(format!(".lower-{i}"));
+            let at = PathBuf::from(name);
+            match std::fs::create_dir(&at) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let _ = unmount(&at);
+                }
+                Err(e) => return Err(SyscallError::new("mkdir(idmapped layer)", e)),
+            }
+            attached.push(tree.attach(&at)?);
+        }
+        Ok(Some(attached))
+    }
+}
+
 fn mount_fsopen(
-    lowers: &[&Path],
+    layers: &Layers<'_>,
     upper: &Path,
     work: &Path,
     target: &Path,
+    opts: &MountOptions<'_>,
 ) -> Result<(), NewApiError> {
+    let lowers = layers.lowers;
     if NEW_API_UNSUPPORTED.load(Ordering::Relaxed) {
         return Err(NewApiError::Unsupported);
     }
@@ -289,8 +372,24 @@ fn mount_fsopen(
         source: SyscallError::new(call, errno),
         log: read_fs_log(fs),
     };
-    for (i, lower) in lowers.iter().enumerate() {
-        if let Err(errno) = rustix::mount::fsconfig_set_string(&fs, "lowerdir+", *lower) {
+    // Idmapped layers go in as fds when overlayfs takes them, else attached at paths for
+    // the duration of this mount (detached when it returns: the overlay holds the layers).
+    let mut by_path: Vec<PathBuf> = lowers.iter().map(|l| l.to_path_buf()).collect();
+    if !layers.trees.is_empty() {
+        let by_fd = layers
+            .trees
+            .iter()
+            .try_for_each(|t| rustix::mount::fsconfig_set_fd(&fs, "lowerdir+", t.as_fd()));
+        match by_fd {
+            Ok(()) => by_path.clear(),
+            Err(_) => {
+                // Start over: a context that took some layers cannot drop them again.
+                return mount_fsopen_attached(layers, upper, work, target, opts);
+            }
+        }
+    }
+    for (i, lower) in by_path.iter().enumerate() {
+        if let Err(errno) = rustix::mount::fsconfig_set_string(&fs, "lowerdir+", lower) {
             let log = read_fs_log(&fs);
             if i == 0
                 && errno == Errno::INVAL
@@ -310,7 +409,14 @@ fn mount_fsopen(
     rustix::mount::fsconfig_set_string(&fs, "workdir", work)
         .map_err(|e| failed(&fs, "fsconfig(workdir)", e))?;
     rustix::mount::fsconfig_create(&fs).map_err(|e| failed(&fs, "fsconfig(create)", e))?;
-    let mnt = rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, MountAttrFlags::empty())
+    let mut attrs = MountAttrFlags::empty();
+    if opts.nodev {
+        attrs |= MountAttrFlags::MOUNT_ATTR_NODEV;
+    }
+    if opts.nosuid {
+        attrs |= MountAttrFlags::MOUNT_ATTR_NOSUID;
+    }
+    let mnt = rustix::mount::fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs)
         .map_err(|e| failed(&fs, "fsmount", e))?;
     rustix::mount::move_mount(
         mnt.as_fd(),
@@ -320,6 +426,32 @@ fn mount_fsopen(
         MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
     )
     .map_err(|e| failed(&fs, "move_mount", e))
+}
+
+/// [`mount_fsopen`] with every idmapped layer attached at a path (overlayfs before 6.13).
+fn mount_fsopen_attached(
+    layers: &Layers<'_>,
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+    opts: &MountOptions<'_>,
+) -> Result<(), NewApiError> {
+    let attached = layers
+        .attach_all(target)
+        .map_err(|source| NewApiError::Failed {
+            source,
+            log: Vec::new(),
+        })?
+        .unwrap_or_default();
+    let paths: Vec<PathBuf> = attached.iter().map(|t| t.target().to_path_buf()).collect();
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    let plain = Layers {
+        lowers: &refs,
+        trees: &[],
+    };
+    let result = mount_fsopen(&plain, upper, work, target, opts);
+    drop(attached);
+    result
 }
 
 /// Drains the messages the kernel queued on a filesystem context fd ("e overlayfs: ...").
@@ -364,6 +496,7 @@ fn mount_legacy(
     upper: &Path,
     work: &Path,
     target: &Path,
+    opts: &MountOptions<'_>,
 ) -> Result<(), LegacyError> {
     let all = lowers.iter().copied().chain([upper, work]);
     for path in all {
@@ -385,15 +518,16 @@ fn mount_legacy(
     data.extend_from_slice(work.as_os_str().as_bytes());
     let data = CString::new(data)
         .map_err(|_| LegacyError::UnsupportedPath(PathBuf::from(OsStr::new("<path with NUL>"))))?;
-    rustix::mount::mount(
-        "overlay",
-        target,
-        "overlay",
-        MountFlags::empty(),
-        data.as_c_str(),
-    )
-    .call("mount")
-    .map_err(LegacyError::Failed)
+    let mut flags = MountFlags::empty();
+    if opts.nodev {
+        flags |= MountFlags::NODEV;
+    }
+    if opts.nosuid {
+        flags |= MountFlags::NOSUID;
+    }
+    rustix::mount::mount("overlay", target, "overlay", flags, data.as_c_str())
+        .call("mount")
+        .map_err(LegacyError::Failed)
 }
 
 #[cfg(test)]
@@ -415,7 +549,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         let bad = p.join("a,b");
-        match mount_legacy(&[bad.as_path()], p, p, p) {
+        match mount_legacy(&[bad.as_path()], p, p, p, &MountOptions::default()) {
             Err(LegacyError::UnsupportedPath(path)) => assert_eq!(path, bad),
             _ => panic!("expected UnsupportedPath"),
         }

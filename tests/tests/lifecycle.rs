@@ -113,10 +113,8 @@ fn list_remove_and_gc() {
     assert_eq!(list(&other), vec![3]);
     // Removal deletes the sandbox, its processes and checkpoints.
     let pids = d.inspect(&other).pids;
-    assert!(matches!(
-        d.call(Request::RemoveSandbox { id: other.clone() }),
-        Response::Done
-    ));
+    let removed = d.call(Request::RemoveSandbox { id: other.clone() });
+    assert!(matches!(removed, Response::Done), "{removed:?}");
     assert!(!d.state_dir.join("sandboxes").join(&other).exists());
     std::thread::sleep(Duration::from_millis(100));
     for pid in pids {

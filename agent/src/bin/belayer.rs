@@ -3,7 +3,6 @@
 use clap::Parser;
 
 fn main() {
-    belayer_agent::helper::dispatch();
     let cli = belayer_agent::cli::Cli::parse();
     // Like any Unix filter, end quietly when the reader of our output goes away
     // (`belayer sandbox ls | head`) instead of panicking in println!. Only for the plain client

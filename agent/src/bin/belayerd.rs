@@ -41,7 +41,6 @@ struct Args {
 }
 
 fn main() {
-    belayer_agent::helper::dispatch();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
@@ -84,7 +83,7 @@ fn run(args: Args) -> Result<()> {
     }
     let agent = Agent::start(config.clone()).context("starting belayerd")?;
     // The servers run as `belayer memory-server`, the CLI installed next to belayerd.
-    let cli = belayer_agent::helper::self_exe()
+    let cli = std::env::current_exe()
         .context("locating the agent binary")?
         .with_file_name("belayer");
     let _memory = belayer_agent::memory::supervise::Supervisor::start(

@@ -24,6 +24,27 @@ pub struct CgroupLayout {
     v1_memory: Option<PathBuf>,
     v1_pids: Option<PathBuf>,
     v1_freezer: Option<PathBuf>,
+    /// Every other v1 hierarchy (cpu, cpuacct, cpuset, blkio, devices, `name=systemd`, ...):
+    /// its mount point and the controllers (or `name=`) it carries.
+    v1_others: Vec<V1Hierarchy>,
+}
+
+/// A v1 hierarchy beyond memory, pids and freezer. A sandbox gets a cgroup in each, so that
+/// it sits in a cgroup of its own (owned by host root) everywhere, never in the host's root
+/// cgroup of a hierarchy it does not use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct V1Hierarchy {
+    /// Mount point.
+    pub mount: PathBuf,
+    /// Controllers of the hierarchy (e.g. `["cpu"]`, `["cpu", "cpuacct"]`, `["name=systemd"]`).
+    pub controllers: Vec<String>,
+}
+
+impl V1Hierarchy {
+    /// Whether the hierarchy carries `controller`.
+    pub fn has(&self, controller: &str) -> bool {
+        self.controllers.iter().any(|c| c == controller)
+    }
 }
 
 static LAYOUT: OnceLock<CgroupLayout> = OnceLock::new();
@@ -76,6 +97,7 @@ impl CgroupLayout {
             v1_memory: None,
             v1_pids: None,
             v1_freezer: None,
+            v1_others: Vec::new(),
         };
         for line in text.lines() {
             let Some(mount) = MountLine::parse(line) else {
@@ -84,6 +106,26 @@ impl CgroupLayout {
             match mount.fstype {
                 "cgroup2" if layout.v2.is_none() => layout.v2 = Some(mount.mount_point),
                 "cgroup" => {
+                    let tracked = mount
+                        .super_options
+                        .split(',')
+                        .any(|o| matches!(o, "memory" | "pids" | "freezer"));
+                    let controllers: Vec<String> = mount
+                        .super_options
+                        .split(',')
+                        .filter(|o| is_v1_controller(o))
+                        .map(str::to_owned)
+                        .collect();
+                    let known = layout
+                        .v1_others
+                        .iter()
+                        .any(|h| h.controllers == controllers);
+                    if !tracked && !controllers.is_empty() && !known {
+                        layout.v1_others.push(V1Hierarchy {
+                            mount: mount.mount_point.clone(),
+                            controllers,
+                        });
+                    }
                     for opt in mount.super_options.split(',') {
                         let slot = match opt {
                             "memory" => &mut layout.v1_memory,
@@ -138,6 +180,17 @@ impl CgroupLayout {
         }
     }
 
+    /// Every v1 hierarchy besides memory, pids and freezer, in mount order.
+    pub fn v1_others(&self) -> &[V1Hierarchy] {
+        &self.v1_others
+    }
+
+    /// The v1 hierarchy carrying `controller` among [`Self::v1_others`] (e.g. `"cpu"`,
+    /// `"cpuset"`, `"devices"`).
+    pub fn v1_other(&self, controller: &str) -> Option<&V1Hierarchy> {
+        self.v1_others.iter().find(|h| h.has(controller))
+    }
+
     /// One line for logs: `"v2"` (pure v2 with memory and pids), `"hybrid (v2 freeze/kill; v1
     /// memory, pids)"`, `"v2 (no pids)"`, `"v1 (memory, pids, freezer)"`, ...
     pub fn describe(&self) -> String {
@@ -185,6 +238,30 @@ impl CgroupLayout {
             }
         }
     }
+}
+
+/// Whether a v1 super option names a hierarchy's controller (or its `name=`) rather than a
+/// mount option such as `rw` or `clone_children`.
+fn is_v1_controller(opt: &str) -> bool {
+    opt.starts_with("name=")
+        || matches!(
+            opt,
+            "cpu"
+                | "cpuacct"
+                | "cpuset"
+                | "blkio"
+                | "io"
+                | "devices"
+                | "net_cls"
+                | "net_prio"
+                | "perf_event"
+                | "hugetlb"
+                | "rdma"
+                | "misc"
+                | "memory"
+                | "pids"
+                | "freezer"
+        )
 }
 
 /// The fields of one `mountinfo` line that matter here.

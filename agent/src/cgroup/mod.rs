@@ -19,6 +19,7 @@
 mod freeze;
 mod kill;
 mod layout;
+mod limits;
 mod sandbox;
 mod sys;
 
@@ -30,7 +31,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use freeze::FrozenGuard;
-pub use layout::CgroupLayout;
+pub use layout::{CgroupLayout, V1Hierarchy};
+pub use limits::{CpuMax, ALLOWED_DEVICES};
 pub use sandbox::{FreezerKind, KillMethod, Limits, SandboxCgroup};
 
 /// Errors of cgroup operations. Paths name the exact file or directory involved.

@@ -4,6 +4,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use super::layout::{CgroupLayout, LIMIT_CONTROLLERS};
+use super::limits::{apply_cpu, apply_devices_v1, init_cpuset, CpuMax};
 use super::sys::{read_file, read_pids, read_u64, write_file};
 use super::CgroupError;
 
@@ -14,6 +15,11 @@ pub struct Limits {
     pub memory_max: Option<u64>,
     /// Maximum number of tasks (processes and threads) in the cgroup (`pids.max`).
     pub pids_max: Option<u64>,
+    /// CPU bandwidth (`cpu.max`, or v1 `cpu.cfs_quota_us`).
+    pub cpu: Option<CpuMax>,
+    /// Restrict devices to [`super::limits::ALLOWED_DEVICES`] (the v1 `devices` controller,
+    /// where the node mounts it).
+    pub devices: bool,
 }
 
 /// Which freezer freezes a sandbox.
@@ -48,6 +54,8 @@ pub struct SandboxCgroup {
     pub(super) v1_memory: Option<PathBuf>,
     pub(super) v1_pids: Option<PathBuf>,
     pub(super) v1_freezer: Option<PathBuf>,
+    /// Dirs in every other v1 hierarchy (cpu, cpuset, devices, `name=systemd`, ...).
+    pub(super) v1_others: Vec<PathBuf>,
     pub(super) freezer: FreezerKind,
     pub(super) kill: KillMethod,
 }
@@ -85,6 +93,7 @@ impl SandboxCgroup {
             v1_memory: None,
             v1_pids: None,
             v1_freezer: None,
+            v1_others: Vec::new(),
             freezer: FreezerKind::V2,
             kill: KillMethod::CgroupKill,
         };
@@ -160,6 +169,37 @@ impl SandboxCgroup {
         if self.v2.is_none() {
             self.freezer = FreezerKind::V1;
         }
+        // Every other v1 hierarchy: the sandbox gets a cgroup of its own there too.
+        let mut v1_cpu = None;
+        for h in layout.v1_others() {
+            let dir = h.mount.join(rel_path);
+            if first_v1 {
+                make_leaf(&dir)?;
+                first_v1 = false;
+            } else {
+                mkdir_p(&dir)?;
+            }
+            self.v1_others.push(dir.clone());
+            if h.has("cpuset") {
+                init_cpuset(&h.mount, rel_path)?;
+            }
+            if h.has("devices") && limits.devices {
+                apply_devices_v1(&dir)?;
+            }
+            if h.has("cpu") {
+                v1_cpu = Some(dir);
+            }
+        }
+        if let Some(cpu) = limits.cpu {
+            let v2_cpu = match (layout.v2_mount(), &self.v2) {
+                (Some(root), Some(leaf)) if layout.v2_has("cpu") => {
+                    enable_v2_controller(root, rel_path, "cpu")?;
+                    Some(leaf.as_path())
+                }
+                _ => None,
+            };
+            apply_cpu(v2_cpu, v1_cpu.as_deref(), cpu)?;
+        }
 
         if let Some(bytes) = limits.memory_max {
             let (dir, file) = match (&self.v2, &self.v1_memory) {
@@ -197,6 +237,11 @@ impl SandboxCgroup {
         let v1_freezer = existing(layout.v1_mount("freezer"));
         let v1_memory = existing(layout.v1_mount("memory"));
         let v1_pids = existing(layout.v1_mount("pids"));
+        let v1_others = layout
+            .v1_others()
+            .iter()
+            .filter_map(|h| existing(Some(&h.mount)))
+            .collect();
         let primary = layout
             .v2_mount()
             .or(layout.v1_mount("freezer"))
@@ -222,6 +267,7 @@ impl SandboxCgroup {
             v1_memory,
             v1_pids,
             v1_freezer,
+            v1_others,
             freezer,
             kill: KillMethod::CgroupKill,
         })
@@ -273,11 +319,13 @@ impl SandboxCgroup {
             .unwrap_or_default()
     }
 
-    /// Every directory of this cgroup: v2 first, then v1 freezer, memory, pids.
+    /// Every directory of this cgroup: v2 first, then v1 freezer, memory, pids and the
+    /// other v1 hierarchies.
     pub(super) fn dirs(&self) -> impl Iterator<Item = &Path> {
         [&self.v2, &self.v1_freezer, &self.v1_memory, &self.v1_pids]
             .into_iter()
             .filter_map(|d| d.as_deref())
+            .chain(self.v1_others.iter().map(PathBuf::as_path))
     }
 
     /// The `cgroup.procs` file of every hierarchy this cgroup lives in (v2 first). A process joins
@@ -509,6 +557,7 @@ mod tests {
         let limits = Limits {
             memory_max: Some(64 << 20),
             pids_max: Some(7),
+            ..Limits::default()
         };
         let t = TestCgroup::create("limits", &limits);
         let cg = t.cg();
@@ -602,8 +651,8 @@ mod tests {
         let t = TestCgroup::create(
             "pidsmax",
             &Limits {
-                memory_max: None,
                 pids_max: Some(5),
+                ..Limits::default()
             },
         );
         // The shell itself counts: four sleeps start, the fifth fork fails and dash gives up.
@@ -636,7 +685,7 @@ mod tests {
             "memmax",
             &Limits {
                 memory_max: Some(32 << 20),
-                pids_max: None,
+                ..Limits::default()
             },
         );
         // A shell variable of 64 MiB cannot fit in 32 MiB: the shell is OOM-killed.

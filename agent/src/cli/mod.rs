@@ -129,6 +129,22 @@ pub struct CreateArgs {
     /// Rollout tag (for `gc --tag`).
     #[arg(long)]
     pub tag: Option<String>,
+    /// CPU bandwidth limit in CPUs, e.g. 1.5 (default: the daemon's `default_cpus`).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// User namespace: `private` (default: root inside is an unprivileged host uid) or
+    /// `host` (explicit opt-in: root inside is host root).
+    #[arg(long, value_parser = parse_userns)]
+    pub userns: Option<belayer_ipc::UsernsMode>,
+}
+
+/// Parses `--userns`.
+fn parse_userns(s: &str) -> Result<belayer_ipc::UsernsMode, String> {
+    match s {
+        "private" => Ok(belayer_ipc::UsernsMode::Private),
+        "host" => Ok(belayer_ipc::UsernsMode::Host),
+        _ => Err(format!("{s:?}: expected `private` or `host`")),
+    }
 }
 
 /// Arguments of `exec`.
@@ -289,6 +305,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                 pids_max: a.pids_max,
                 env: a.env,
                 tag: a.tag,
+                cpus: a.cpus,
+                userns: a.userns,
             };
             match call(&mut c, Request::CreateSandbox(spec))? {
                 Response::Sandbox(info) => p.created(&info),

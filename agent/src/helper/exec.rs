@@ -1,27 +1,40 @@
 //! The `exec` helper: runs one action inside an existing sandbox.
 //!
-//! It opens the namespaces of the sandbox init (`/proc/<pid>/ns/*`) and the sandbox's
-//! `cgroup.procs` files, joins the cgroup, `setns`es into pid, uts, ipc, net, time and mount namespaces
-//! and forks: the child is in the sandbox's pid namespace, leads a new session (so a timeout can
-//! kill the action's whole process group), takes stdin from the sandbox's own `/dev/null`, keeps
-//! the stdout/stderr memfds the agent gave it, and execs `/bin/sh -c CMD`. Background processes
-//! it starts are re-parented to the sandbox init when the shell exits and keep running. memfds
-//! (not pipes) hold the output so that such processes never get SIGPIPE and CRIU can dump them.
+//! The helper (host root, outside the sandbox cgroup) opens the namespaces of the sandbox
+//! init (`/proc/<pid>/ns/*`) and the sandbox's `cgroup.procs` files, checks the init is
+//! still the one it was told about, `setns`es into the pid, uts, ipc, net, time and mount
+//! namespaces and forks. The child joins the cgroup, its cgroup namespace and its user
+//! namespace (becoming the sandbox's root, unless the sandbox runs with `--userns=host`),
+//! leads a new session (so a timeout can kill the action's whole process group), takes stdin
+//! from the sandbox's own `/dev/null`, keeps the stdout/stderr memfds the agent gave it,
+//! drops to the container capability set with `no_new_privs`, and executes the sandbox's
+//! `/bin/sh -c CMD` opened beneath the sandbox root ([`super::finish`]). Background processes
+//! it starts are re-parented to the sandbox init when the shell exits and keep running.
+//! memfds (not pipes) hold the output so that such processes never get SIGPIPE and CRIU can
+//! dump them.
+//!
+//! The waiting parent stays outside the sandbox's cgroup and user namespace, so a sandbox
+//! that stops or freezes itself cannot stop the clock: on timeout it kills the action's
+//! process group and answers within [`KILL_GRACE`] even if the group does not die.
 //!
 //! The result goes to the status fd as one line: `exit=<code> signal=<n|-> timed_out=<0|1>`.
 
 use std::ffi::CString;
 use std::fs;
 use std::io::Write;
-use std::os::fd::{AsFd, FromRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
-use nix::unistd::{chdir, execve, fork, setsid, ForkResult, Pid};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{chdir, fork, setsid, ForkResult, Pid};
 
 use super::Args;
 use crate::sys::{self, SyscallError};
+
+/// How long the helper waits for an action to die after killing it on timeout.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// Errors of the exec helper.
 #[derive(Debug, thiserror::Error)]
@@ -44,12 +57,21 @@ pub enum ExecHelperError {
         #[source]
         source: std::io::Error,
     },
-    /// Joining the sandbox cgroup failed.
-    #[error(transparent)]
-    JoinCgroup(#[from] super::JoinCgroupError),
+    /// Opening a `cgroup.procs` file failed.
+    #[error("cannot open {path}")]
+    OpenCgroup {
+        /// The file.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// A syscall failed.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// The action process could not start the action (its shell, cwd, namespaces, ...).
+    #[error("cannot start the action: {0}")]
+    Start(String),
 }
 
 /// Entry point; returns the helper's exit code (0 when a status line was written).
@@ -68,10 +90,24 @@ pub fn main(args: &[String]) -> i32 {
             0
         }
         Err(e) => {
-            let _ = writeln!(status, "error={e}");
+            let _ = writeln!(status, "error={}", super::init::error_chain(&e));
             125
         }
     }
+}
+
+/// What the child needs, all opened by the parent before it entered the mount namespace.
+struct Entry {
+    cgroup_procs: Vec<OwnedFd>,
+    cgroupns: OwnedFd,
+    userns: Option<OwnedFd>,
+}
+
+fn open_ns(pid: i32, name: &str) -> Result<OwnedFd, ExecHelperError> {
+    let path = format!("/proc/{pid}/ns/{name}");
+    fs::File::open(&path)
+        .map(OwnedFd::from)
+        .map_err(|source| ExecHelperError::OpenNamespace { path, source })
 }
 
 fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
@@ -85,6 +121,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         .ok_or(ExecHelperError::BadArgument("--start-time"))?;
     let timeout_ms: Option<u64> = args.one("--timeout-ms").and_then(|s| s.parse().ok());
     let cwd = args.one("--cwd").unwrap_or("/");
+    let private_userns = args.one("--userns").unwrap_or("private") != "host";
     let command = args
         .rest()
         .first()
@@ -107,58 +144,119 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         ("time", CloneFlags::from_bits_retain(libc::CLONE_NEWTIME)),
         ("mnt", CloneFlags::CLONE_NEWNS),
     ] {
-        let path = format!("/proc/{pid}/ns/{name}");
-        let f = fs::File::open(&path).map_err(|source| ExecHelperError::OpenNamespace {
-            path: path.clone(),
-            source,
-        })?;
-        namespaces.push((f, flag, path));
+        namespaces.push((open_ns(pid, name)?, flag, name));
     }
+    let entry = Entry {
+        cgroupns: open_ns(pid, "cgroup")?,
+        userns: private_userns.then(|| open_ns(pid, "user")).transpose()?,
+        cgroup_procs: args
+            .all("--procs")
+            .into_iter()
+            .map(|path| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map(OwnedFd::from)
+                    .map_err(|source| ExecHelperError::OpenCgroup {
+                        path: path.to_string(),
+                        source,
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+    };
     // The namespace fds pin the namespaces; check they belong to the init we were told about.
     if !sys::process_matches(pid, start) {
         return Err(ExecHelperError::InitGone { pid });
     }
-    super::join_cgroup(&args.all("--procs"))?;
-    for (f, flag, path) in &namespaces {
-        setns(f.as_fd(), *flag).map_err(|e| SyscallError::new("setns", path.clone(), e))?;
+    for (f, flag, name) in &namespaces {
+        setns(f.as_fd(), *flag).map_err(|e| SyscallError::new("setns", *name, e))?;
     }
     drop(namespaces);
     chdir("/").map_err(|e| SyscallError::new("chdir", "/", e))?;
 
+    // The child reports on a close-on-exec pipe: first its pid inside the sandbox (the
+    // process group a timeout kills), then, only if it cannot start the action, why.
+    let (report_rd, report_wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| SyscallError::io("pipe2", "exec report", e.into()))?;
     // SAFETY: this helper is single-threaded (fresh exec, no threads started), so the child may
     // run arbitrary code after fork.
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "action", e))? {
         ForkResult::Child => {
-            let err = action(cwd, command, &env);
-            let _ = writeln!(std::io::stderr(), "belayer: {err}");
+            drop(report_rd);
+            let mut report = fs::File::from(report_wr);
+            let err = action(&entry, &mut report, cwd, command, &env);
+            let _ = write!(report, "{}", super::init::error_chain(&err));
             // SAFETY: _exit ends the child immediately; always safe.
             unsafe { libc::_exit(127) }
         }
-        ForkResult::Parent { child } => wait_action(child, timeout_ms),
+        ForkResult::Parent { child } => {
+            drop(report_wr);
+            let mut report = fs::File::from(report_rd);
+            let mut ns_pid = [0u8; 4];
+            let got_pid = std::io::Read::read_exact(&mut report, &mut ns_pid).is_ok();
+            let mut failure = String::new();
+            let _ = std::io::Read::read_to_string(&mut report, &mut failure);
+            if !failure.is_empty() || !got_pid {
+                let _ = waitpid(child, Some(WaitPidFlag::__WALL));
+                return Err(ExecHelperError::Start(if failure.is_empty() {
+                    "the action process exited before it started".into()
+                } else {
+                    failure
+                }));
+            }
+            let killer = Killer {
+                cgroup_procs: &entry.cgroup_procs,
+                ns_pid: i32::from_ne_bytes(ns_pid),
+            };
+            wait_action(child, timeout_ms, &killer)
+        }
     }
 }
 
 /// In the forked child: becomes the action process. Returns only on error.
-fn action(cwd: &str, command: &str, env: &[CString]) -> SyscallError {
-    let run = || -> Result<std::convert::Infallible, SyscallError> {
-        setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
+fn action(
+    entry: &Entry,
+    report: &mut fs::File,
+    cwd: &str,
+    command: &str,
+    env: &[CString],
+) -> SyscallError {
+    let mut run = || -> Result<std::convert::Infallible, SyscallError> {
+        for fd in &entry.cgroup_procs {
+            rustix::io::write(fd, b"0")
+                .map_err(|e| SyscallError::io("write", "cgroup.procs", e.into()))?;
+        }
+        setns(entry.cgroupns.as_fd(), CloneFlags::CLONE_NEWCGROUP)
+            .map_err(|e| SyscallError::new("setns", "cgroup", e))?;
+        if let Some(userns) = &entry.userns {
+            super::init::enter_userns(userns.as_fd())?;
+        }
+        let sid = setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
+        report
+            .write_all(&sid.as_raw().to_ne_bytes())
+            .map_err(|e| SyscallError::io("write", "exec report", e))?;
         let null =
             fs::File::open("/dev/null").map_err(|e| SyscallError::io("open", "/dev/null", e))?;
-        use std::os::fd::AsRawFd;
         // SAFETY: dup2 onto stdin; `null` stays open during the call.
         if unsafe { libc::dup2(null.as_raw_fd(), 0) } < 0 {
             return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
         }
         drop(null);
-        sys::close_range(3, u32::MAX)?;
-        super::drop_capabilities().map_err(|e| {
-            SyscallError::io(
-                "capset",
-                "sandbox capabilities",
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
         chdir(cwd).map_err(|e| SyscallError::new("chdir", cwd, e))?;
+        let shell = super::finish::open_executable("/bin/sh")?;
+        // Everything but stdio, the shell and the (close-on-exec) report pipe: the namespace
+        // and cgroup fds, the status pipe.
+        let mut keep = [shell.as_raw_fd() as u32, report.as_raw_fd() as u32];
+        keep.sort_unstable();
+        let mut first = 3;
+        for k in keep {
+            if k > first {
+                sys::close_range(first, k - 1)?;
+            }
+            first = first.max(k + 1);
+        }
+        sys::close_range(first, u32::MAX)?;
+        super::finish::confine()?;
         let argv = [
             CString::from(c"sh"),
             CString::from(c"-c"),
@@ -166,7 +264,7 @@ fn action(cwd: &str, command: &str, env: &[CString]) -> SyscallError {
                 SyscallError::new("execve", "command with NUL", nix::errno::Errno::EINVAL)
             })?,
         ];
-        execve(c"/bin/sh", &argv, env).map_err(|e| SyscallError::new("execve", "/bin/sh", e))
+        Err(super::finish::exec_fd(&shell, "/bin/sh", &argv, env))
     };
     match run() {
         Err(e) => e,
@@ -174,18 +272,56 @@ fn action(cwd: &str, command: &str, env: &[CString]) -> SyscallError {
     }
 }
 
-/// Waits for the action with an optional timeout; kills its process group on expiry.
-fn wait_action(child: Pid, timeout_ms: Option<u64>) -> Result<String, ExecHelperError> {
+/// Kills an action's process group *from inside the sandbox's cgroup*: a short-lived child of
+/// the helper joins the cgroup and sends the signals, so the tracer sees the kill as the
+/// sandbox's own (a timeout is not an infrastructure fault), while the waiting helper itself
+/// never sits in the cgroup (a sandbox that stops itself cannot stop the clock).
+struct Killer<'a> {
+    cgroup_procs: &'a [OwnedFd],
+    /// The action's pid inside the sandbox's pid namespace (it leads its process group).
+    ns_pid: i32,
+}
+
+impl Killer<'_> {
+    fn kill(&self) {
+        // SAFETY: this helper is single-threaded; the child only makes raw syscalls.
+        match unsafe { fork() } {
+            Ok(ForkResult::Child) => {
+                for fd in self.cgroup_procs {
+                    let _ = rustix::io::write(fd, b"0");
+                }
+                let _ = kill(Pid::from_raw(-self.ns_pid), Signal::SIGKILL);
+                let _ = kill(Pid::from_raw(self.ns_pid), Signal::SIGKILL);
+                // SAFETY: ends the forked child.
+                unsafe { libc::_exit(0) }
+            }
+            Ok(ForkResult::Parent { child }) => {
+                let _ = waitpid(child, Some(WaitPidFlag::__WALL));
+            }
+            Err(e) => eprintln!("belayer exec helper: cannot fork the timeout killer: {e}"),
+        }
+    }
+}
+
+/// Waits for the action with an optional timeout. On expiry it kills the action's process
+/// group and waits at most [`KILL_GRACE`] for it (a group frozen by the v1 freezer dies only
+/// when thawed); the answer says `timed_out=1` either way.
+fn wait_action(
+    child: Pid,
+    timeout_ms: Option<u64>,
+    killer: &Killer<'_>,
+) -> Result<String, ExecHelperError> {
     let pidfd = sys::pidfd_open(child.as_raw())?;
     let exited = sys::pidfd_wait(pidfd.as_fd(), timeout_ms)?;
     let timed_out = !exited;
     if timed_out {
-        // The child leads its own process group (setsid); kill the whole group.
-        let _ = kill(Pid::from_raw(-child.as_raw()), Signal::SIGKILL);
-        let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        killer.kill();
+        if !sys::pidfd_wait(pidfd.as_fd(), Some(KILL_GRACE.as_millis() as u64))? {
+            return Ok("exit=137 signal=9 timed_out=1\n".to_string());
+        }
     }
     let status = loop {
-        match waitpid(child, None) {
+        match waitpid(child, Some(WaitPidFlag::__WALL)) {
             Err(nix::errno::Errno::EINTR) => continue,
             other => {
                 break other.map_err(|e| SyscallError::new("waitpid", child.to_string(), e))?

@@ -1,27 +1,36 @@
 //! The `init` helper: creates a sandbox's namespaces and starts its long-lived init.
 //!
-//! Steps (learned from what CRIU needs to dump and restore the tree, see DESIGN.md):
-//! 1. join the sandbox cgroup (every hierarchy), so everything below inherits it;
-//! 2. `unshare` mount, uts, ipc, net and pid namespaces and fork: the child is pid 1 of the new
-//!    pid namespace;
-//! 3. in the child: make `/` recursively private, set the hostname, `pivot_root` into the overlay
-//!    merged directory (CRIU refuses a `chroot`ed root), mount `/proc` and a private `/dev`
-//!    (tmpfs with the usual character devices), bring `lo` up, point stdio at the sandbox's own
-//!    `/dev/null`, close every other fd, `setsid` (the init must lead its session inside the pid
-//!    namespace) and exec the image's `/bin/sh` running an endless `sleep` loop, which also reaps
-//!    orphans re-parented to it;
-//! 4. the parent learns success when the close-on-exec status pipe closes, prints the child's
+//! Steps (what CRIU needs to dump and restore the tree is in DESIGN.md; what confinement
+//! needs is in [`super::mount`]):
+//! 1. join the sandbox cgroup in every hierarchy, so everything below inherits it;
+//! 2. `unshare(CLONE_NEWNET)` as host root: the network namespace belongs to the host's user
+//!    namespace (a restore makes its fresh one the same way), so root in the sandbox holds no
+//!    `CAP_NET_ADMIN` over it; bring `lo` up and let every uid bind low ports and ping
+//!    ([`crate::sys::prepare_netns`]);
+//! 3. enter the sandbox's user namespace (`setns` to the fd the daemon passes as
+//!    [`USERNS_FD`], made with the sandbox's id map) and become its root, unless the sandbox
+//!    was created with `--userns=host`;
+//! 4. `unshare` mount, uts, ipc, cgroup and pid namespaces (owned by that user namespace) and
+//!    fork: the child is pid 1 of the new pid namespace, its cgroup namespace is rooted at the
+//!    sandbox cgroup;
+//! 5. in the child: build the root ([`super::mount::build_root`]: `/proc` with runc's masked
+//!    and read-only paths, a private `/dev` with bind-mounted allowed devices, `pivot_root`),
+//!    set the hostname, point stdio at the sandbox's own `/dev/null`, close every other fd,
+//!    `setsid` (the init must lead its session inside the pid namespace), drop to the
+//!    container capability set with `no_new_privs`, and exec the image's `/bin/sh` (opened
+//!    beneath the new root) running an endless `sleep` loop, which also reaps orphans;
+//! 6. the parent learns success when the close-on-exec status pipe closes, prints the child's
 //!    host pid on stdout and exits; the child is re-parented to the agent (a child subreaper).
 
 use std::ffi::CString;
 use std::fs;
 use std::io::{Read, Write};
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
-use nix::sys::stat::{makedev, mknod, umask, Mode, SFlag};
-use nix::unistd::{chdir, execve, fork, pivot_root, sethostname, setsid, ForkResult};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::sys::stat::{umask, Mode};
+use nix::unistd::{fork, sethostname, setsid, ForkResult};
 
 use super::Args;
 use crate::sys::{self, SyscallError};
@@ -31,6 +40,9 @@ pub const INIT_SCRIPT: &str = "while :; do sleep 3600; done";
 
 /// PATH given to processes in a sandbox.
 pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Fd number of the sandbox's user namespace in the init helper.
+pub const USERNS_FD: i32 = 3;
 
 /// Errors of the init helper.
 #[derive(Debug, thiserror::Error)]
@@ -44,9 +56,6 @@ pub enum InitError {
     /// A syscall failed in the helper.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
-    /// Dropping capabilities failed.
-    #[error(transparent)]
-    Capabilities(#[from] super::CapabilityError),
     /// The sandbox init failed while setting up its namespaces.
     #[error("sandbox init setup failed: {0}")]
     ChildSetup(String),
@@ -60,7 +69,7 @@ pub fn main(args: &[String]) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("belayer init helper: {e}");
+            eprintln!("belayer init helper: {}", error_chain(&e));
             1
         }
     }
@@ -71,24 +80,36 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
         .one("--root")
         .ok_or(InitError::MissingArgument("--root"))?;
     let hostname = args.one("--hostname").unwrap_or("sandbox");
+    let private_userns = args.one("--userns").unwrap_or("private") != "host";
     let env: Vec<CString> = std::iter::once(format!("PATH={SANDBOX_PATH}"))
         .chain(std::iter::once("HOME=/root".to_string()))
         .chain(args.all("--env").into_iter().map(str::to_string))
         .map(|s| CString::new(s).unwrap_or_default())
         .collect();
     super::join_cgroup(&args.all("--procs"))?;
+    // Enter the root while still host root: the state dir above it is root-only, and the
+    // sandbox's root cannot traverse it. The mount namespace copy keeps the cwd.
+    nix::unistd::chdir(root).map_err(|e| SyscallError::new("chdir", root, e))?;
+    unshare(CloneFlags::CLONE_NEWNET).map_err(|e| SyscallError::new("unshare", "net", e))?;
+    sys::prepare_netns(private_userns)?;
+    if private_userns {
+        // SAFETY: the daemon dup2'ed the namespace fd to USERNS_FD before exec; nothing
+        // else in this process owns it.
+        let userns = unsafe { OwnedFd::from_raw_fd(USERNS_FD) };
+        enter_userns(std::os::fd::AsFd::as_fd(&userns))?;
+    }
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SyscallError::io("pipe2", "status", e.into()))?;
     unshare(
         CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWUTS
             | CloneFlags::CLONE_NEWIPC
-            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWCGROUP
             | CloneFlags::CLONE_NEWPID,
     )
-    .map_err(|e| SyscallError::new("unshare", "mnt|uts|ipc|net|pid", e))?;
-    // SAFETY: this helper process is single-threaded (a fresh exec of the agent binary that has
-    // started no threads), so the child may allocate and run arbitrary code after fork.
+    .map_err(|e| SyscallError::new("unshare", "mnt|uts|ipc|cgroup|pid", e))?;
+    // SAFETY: this helper process is single-threaded (a fresh exec of the helper binary that
+    // has started no threads), so the child may allocate and run arbitrary code after fork.
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "sandbox init", e))? {
         ForkResult::Child => {
             drop(rd);
@@ -99,7 +120,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
                 std::os::fd::AsRawFd::as_raw_fd(&wr) as u32,
             );
             let mut wr = fs::File::from(wr);
-            let _ = write!(wr, "{}", err);
+            let _ = write!(wr, "{}", error_chain(&err));
             // SAFETY: _exit is always safe; it ends the child without running destructors.
             unsafe { libc::_exit(1) }
         }
@@ -117,115 +138,68 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
     }
 }
 
+/// `err` and its sources, joined by `: `.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+/// Joins the user namespace `userns` and becomes its root (uid and gid 0, no supplementary
+/// groups). Afterwards the process has every capability inside that namespace and none
+/// outside.
+pub(crate) fn enter_userns(userns: BorrowedFd<'_>) -> Result<(), SyscallError> {
+    setns(userns, CloneFlags::CLONE_NEWUSER).map_err(|e| SyscallError::new("setns", "user", e))?;
+    // SAFETY: setgroups/setresgid/setresuid take integers and an empty list.
+    let rc = unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            -1
+        } else if libc::setresgid(0, 0, 0) != 0 {
+            -2
+        } else if libc::setresuid(0, 0, 0) != 0 {
+            -3
+        } else {
+            0
+        }
+    };
+    if rc != 0 {
+        let call = match rc {
+            -1 => "setgroups",
+            -2 => "setresgid",
+            _ => "setresuid",
+        };
+        return Err(SyscallError::new(
+            call,
+            "sandbox root",
+            nix::errno::Errno::last(),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs in pid 1 of the new namespaces; returns only on error.
 fn child(root: &Path, hostname: &str, env: &[CString], status_fd: u32) -> InitError {
     match setup(root, hostname, status_fd) {
         Err(e) => e,
-        Ok(()) => {
-            let sh = CString::from(c"/bin/sh");
+        Ok(shell) => {
             let argv = [
                 CString::from(c"sh"),
                 CString::from(c"-c"),
                 CString::new(INIT_SCRIPT).unwrap_or_default(),
             ];
-            match execve(&sh, &argv, env) {
-                Err(e) => SyscallError::new("execve", "/bin/sh", e).into(),
-                Ok(never) => match never {},
-            }
+            super::finish::exec_fd(&shell, "/bin/sh", &argv, env).into()
         }
     }
 }
 
-fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
-    let none: Option<&str> = None;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
-        .map_err(|e| SyscallError::new("mount", "/ rprivate", e))?;
+fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<OwnedFd, InitError> {
+    super::mount::build_root(root)?;
     sethostname(hostname).map_err(|e| SyscallError::new("sethostname", hostname, e))?;
-    chdir(root).map_err(|e| SyscallError::new("chdir", root.display().to_string(), e))?;
-    pivot_root(".", ".")
-        .map_err(|e| SyscallError::new("pivot_root", root.display().to_string(), e))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| SyscallError::new("umount2", "old root", e))?;
-    chdir("/").map_err(|e| SyscallError::new("chdir", "/", e))?;
-    umask(Mode::empty());
-    ensure_dir("/proc", 0o555)?;
-    mount(
-        Some("proc"),
-        "/proc",
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        none,
-    )
-    .map_err(|e| SyscallError::new("mount", "/proc", e))?;
-    // Root in the sandbox must not reach host-wide kernel settings through /proc: /proc/sys is
-    // read-only. (/proc/sysrq-trigger, where the kernel has it, is masked once /dev exists.)
-    mount(
-        Some("/proc/sys"),
-        "/proc/sys",
-        none,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        none,
-    )
-    .map_err(|e| SyscallError::new("mount", "/proc/sys", e))?;
-    mount(
-        none,
-        "/proc/sys",
-        none,
-        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
-        none,
-    )
-    .map_err(|e| SyscallError::new("mount", "/proc/sys read-only", e))?;
-    ensure_dir("/dev", 0o755)?;
-    mount(
-        Some("tmpfs"),
-        "/dev",
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
-        Some("mode=755,size=65536k"),
-    )
-    .map_err(|e| SyscallError::new("mount", "/dev tmpfs", e))?;
-    for (name, major, minor) in [
-        ("null", 1, 3),
-        ("zero", 1, 5),
-        ("full", 1, 7),
-        ("random", 1, 8),
-        ("urandom", 1, 9),
-        ("tty", 5, 0),
-    ] {
-        let path = format!("/dev/{name}");
-        mknod(
-            path.as_str(),
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o666),
-            makedev(major, minor),
-        )
-        .map_err(|e| SyscallError::new("mknod", path.clone(), e))?;
-    }
-    for (link, target) in [
-        ("/dev/fd", "/proc/self/fd"),
-        ("/dev/stdin", "/proc/self/fd/0"),
-        ("/dev/stdout", "/proc/self/fd/1"),
-        ("/dev/stderr", "/proc/self/fd/2"),
-    ] {
-        std::os::unix::fs::symlink(target, link)
-            .map_err(|e| SyscallError::io("symlink", link, e))?;
-    }
-    fs::create_dir("/dev/shm").map_err(|e| SyscallError::io("mkdir", "/dev/shm", e))?;
-    if Path::new("/proc/sysrq-trigger").exists() {
-        mount(
-            Some("/dev/null"),
-            "/proc/sysrq-trigger",
-            none,
-            MsFlags::MS_BIND,
-            none,
-        )
-        .map_err(|e| SyscallError::new("mount", "/dev/null on /proc/sysrq-trigger", e))?;
-    }
-    fs::set_permissions(
-        "/dev/shm",
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .map_err(|e| SyscallError::io("chmod", "/dev/shm", e))?;
-    sys::loopback_up()?;
     umask(Mode::from_bits_truncate(0o022));
     let null = fs::OpenOptions::new()
         .read(true)
@@ -234,26 +208,37 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<(), InitError> {
         .map_err(|e| SyscallError::io("open", "/dev/null", e))?;
     redirect_stdio(&null)?;
     drop(null);
-    // Keep only stdio and the close-on-exec status pipe.
-    if status_fd > 3 {
-        sys::close_range(3, status_fd - 1)?;
-    }
-    sys::close_range(status_fd + 1, u32::MAX)?;
+    let shell = super::finish::open_executable("/bin/sh")?;
+    // Keep only stdio, the shell and the close-on-exec status pipe.
+    let keep = [status_fd, std::os::fd::AsRawFd::as_raw_fd(&shell) as u32];
+    close_all_but(&keep)?;
     setsid().map_err(|e| SyscallError::new("setsid", "sandbox init", e))?;
-    super::drop_capabilities()?;
+    super::finish::confine()?;
+    Ok(shell)
+}
+
+/// Closes every fd from 3 up except those in `keep`.
+fn close_all_but(keep: &[u32]) -> Result<(), SyscallError> {
+    for (first, last) in ranges_to_close(keep) {
+        sys::close_range(first, last)?;
+    }
     Ok(())
 }
 
-fn ensure_dir(path: &str, mode: u32) -> Result<(), InitError> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(SyscallError::new("mkdir", path, nix::errno::Errno::ENOTDIR).into()),
-        Err(_) => {
-            fs::create_dir(path).map_err(|e| SyscallError::io("mkdir", path, e))?;
-            fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-                .map_err(|e| SyscallError::io("chmod", path, e).into())
+/// The inclusive fd ranges from 3 to `u32::MAX` that exclude every fd in `keep`.
+fn ranges_to_close(keep: &[u32]) -> Vec<(u32, u32)> {
+    let mut keep = keep.to_vec();
+    keep.sort_unstable();
+    let mut out = Vec::new();
+    let mut first = 3u32;
+    for k in keep {
+        if k > first {
+            out.push((first, k - 1));
         }
+        first = first.max(k.saturating_add(1));
     }
+    out.push((first, u32::MAX));
+    out
 }
 
 /// Points fds 0, 1 and 2 at `file`.
@@ -270,4 +255,16 @@ pub(crate) fn redirect_stdio(file: &fs::File) -> Result<(), SyscallError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_ranges_skip_the_kept_fds() {
+        assert_eq!(ranges_to_close(&[]), vec![(3, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[5, 3]), vec![(4, 4), (6, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[9]), vec![(3, 8), (10, u32::MAX)]);
+    }
 }

@@ -2,18 +2,23 @@
 //! enter or create sandbox namespaces.
 //!
 //! `belayerd` is multi-threaded, and namespace work (unshare + fork into a new pid namespace,
-//! `setns` into a sandbox) must run in a process with a single thread. Both binaries call
-//! [`dispatch`] first thing in `main`; when `argv[1]` is [`HELPER_ARG`], the process runs the
-//! requested helper and exits without returning.
+//! `setns` into a sandbox) must run in a process with a single thread. The helpers are their
+//! own small binary, `belayer-helper` ([`image::HELPER_BINARY`]), whose `main` calls
+//! [`dispatch`]; the daemon runs it only from a sealed memfd copy ([`image::HelperImage`]),
+//! so no host executable is ever reachable from inside a sandbox. A helper makes itself
+//! non-dumpable first (`PR_SET_DUMPABLE` 0): while it sits in a sandbox's namespaces before
+//! its final `execve`, sandbox processes can neither ptrace it nor open its
+//! `/proc/<pid>/{exe,fd,root,mem}`.
 //!
 //! - `init` ([`init`]): creates a sandbox's namespaces and its long-lived init (paper:
 //!   "Environment-state recovery": each trajectory runs in its own sandbox).
 //! - `exec` ([`exec`]): runs one action inside an existing sandbox.
 
 pub mod exec;
+pub mod finish;
+pub mod image;
 pub mod init;
-
-use std::path::PathBuf;
+pub mod mount;
 
 /// First argument that selects helper mode.
 pub const HELPER_ARG: &str = "__belayer-helper";
@@ -23,6 +28,11 @@ pub fn dispatch() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) != Some(HELPER_ARG) {
         return;
+    }
+    // SAFETY: prctl(PR_SET_DUMPABLE, 0) takes integers only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        eprintln!("belayer helper: cannot make itself non-dumpable");
+        std::process::exit(125);
     }
     // `belayerd` blocks SIGTERM/SIGINT for its signal thread and the mask survives exec: clear
     // it, or no process of a sandbox could be stopped by those signals.
@@ -36,11 +46,6 @@ pub fn dispatch() {
         }
     };
     std::process::exit(code);
-}
-
-/// The executable to re-execute for helpers: the running binary.
-pub fn self_exe() -> std::io::Result<PathBuf> {
-    std::fs::read_link("/proc/self/exe")
 }
 
 /// Moves the calling process into the sandbox cgroup: writes its pid to every `cgroup.procs`

@@ -175,10 +175,11 @@ pub fn checkpoint(
             state,
         });
     }
-    slot.set_state(SandboxState::Checkpointing)?;
+    // Transient, in memory only: a full disk cannot leave the sandbox "checkpointing".
+    slot.set_transient(SandboxState::Checkpointing);
     let result = take(rt, slot, req, started);
     // Back to running unless the init died meanwhile (then refresh marks it failed).
-    slot.set_state(SandboxState::Running)?;
+    slot.set_transient(SandboxState::Running);
     slot.refresh();
     match &result {
         Ok(info) => tracing::info!(
@@ -241,6 +242,7 @@ fn take(
         .map_or(criu_dir.clone(), |slot| slot.dir().to_path_buf());
     let dump = DumpRequest::new(init_pid, &images_dir, &work)
         .in_netns(format!("/proc/{init_pid}/ns/net"))
+        .in_cgroupns(format!("/proc/{init_pid}/ns/cgroup"))
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
         .file_locks(true)

@@ -1,15 +1,19 @@
 //! `create`: a new sandbox, and the shared steps that bring up an instance (also used by
-//! restore): overlay mount, cgroup, init.
+//! restore): user namespace, overlay mount (the image idmapped into the sandbox's id range,
+//! `nodev,nosuid`), cgroup, init.
 
 use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use belayer_ipc::{ErrorCode, SandboxSpec};
-use belayer_overlay::OverlayMount;
+use belayer_ipc::{ErrorCode, SandboxSpec, UsernsMode};
+use belayer_overlay::{MountOptions, OverlayMount};
 
 use super::{RecordError, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
-use crate::cgroup::{CgroupError, SandboxCgroup};
+use crate::cgroup::{CgroupError, CpuMax, SandboxCgroup};
+use crate::helper::init::USERNS_FD;
 use crate::helper::HELPER_ARG;
 use crate::images::{valid_name, ImageError};
 use crate::runtime::Runtime;
@@ -52,6 +56,18 @@ pub enum CreateError {
     /// Opening the checkpoint store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The user namespace could not be made (or no id range is free).
+    #[error(transparent)]
+    Userns(#[from] crate::userns::UsernsError),
+    /// Giving the sandbox root to its user namespace's root failed.
+    #[error("cannot hand {path} to the sandbox's root")]
+    Chown {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl CreateError {
@@ -61,6 +77,9 @@ impl CreateError {
             CreateError::InvalidSpec(_) => ErrorCode::BadRequest,
             CreateError::Image(ImageError::Unknown(_)) => ErrorCode::UnknownImage,
             CreateError::Image(ImageError::InvalidName(_)) => ErrorCode::BadRequest,
+            CreateError::Userns(crate::userns::UsernsError::PoolExhausted { .. }) => {
+                ErrorCode::InvalidState
+            }
             _ => ErrorCode::Internal,
         }
     }
@@ -75,10 +94,29 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// Creates and starts a sandbox from `spec`.
+/// Creates and starts a sandbox from `spec`. Limits the spec leaves open get the daemon's
+/// defaults (`default_pids_max`, `default_memory_max_bytes`, `default_cpus`, `userns`).
 pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, CreateError> {
     if spec.pids_max.is_none() && rt.config.default_pids_max > 0 {
         spec.pids_max = Some(rt.config.default_pids_max);
+    }
+    if spec.memory_max.is_none() && rt.config.default_memory_max_bytes > 0 {
+        spec.memory_max = Some(rt.config.default_memory_max_bytes);
+    }
+    if spec.cpus.is_none() && rt.config.default_cpus > 0.0 {
+        spec.cpus = Some(rt.config.default_cpus);
+    }
+    if spec.userns.is_none() {
+        spec.userns = Some(if rt.config.userns == "host" {
+            UsernsMode::Host
+        } else {
+            UsernsMode::Private
+        });
+    }
+    if spec.cpus.is_some_and(|c| CpuMax::from_cpus(c).is_none()) {
+        return Err(CreateError::InvalidSpec(
+            "cpus must be between 0.01 and 65536".into(),
+        ));
     }
     let lower = rt.images.rootfs(&spec.image)?;
     if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
@@ -100,6 +138,10 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
         path: paths.dir.clone(),
         source,
     })?;
+    let userns = match spec.userns {
+        Some(UsernsMode::Host) => None,
+        _ => Some(rt.userns.reserve()?),
+    };
     let mut rec = SandboxRecord {
         cgroup: rt.cgroup_rel(&id),
         id,
@@ -109,6 +151,7 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
         init_pid: None,
         init_start_time: None,
         created_unix_ms: sys::now_unix_ms(),
+        userns,
     };
     let result = (|| {
         CheckpointStore::open(&paths.checkpoints())?;
@@ -127,6 +170,9 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
         }
         Err(e) => {
             let _ = fs::remove_dir_all(&paths.dir);
+            if let Some(range) = rec.userns {
+                rt.userns.release(range);
+            }
             Err(e)
         }
     }
@@ -137,12 +183,16 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
 pub(crate) struct Instance {
     mount: Option<OverlayMount>,
     cgroup: Option<SandboxCgroup>,
+    /// A user namespace with the sandbox's map: the idmap of the lower layer, and the
+    /// namespace the init enters (a restore lets CRIU make its own from the images).
+    userns: Option<crate::userns::UserNamespace>,
     n: u32,
 }
 
 impl Instance {
-    /// Creates the instance dirs (keeping an already installed upper dir), mounts the overlay
-    /// over `lower` and creates the cgroup with the record's limits.
+    /// Creates the instance dirs (keeping an already installed upper dir, else handing a
+    /// new one to the sandbox's root), mounts the overlay over `lower` (idmapped into the
+    /// sandbox's range, `nodev,nosuid`) and creates the cgroup with the record's limits.
     pub(crate) fn prepare(
         rt: &Runtime,
         rec: &SandboxRecord,
@@ -151,17 +201,39 @@ impl Instance {
         lower: &Path,
     ) -> Result<Instance, CreateError> {
         let _ = rt;
-        for d in [paths.upper(n), paths.work(n), paths.merged(n)] {
-            fs::create_dir_all(&d).map_err(|source| CreateError::Dirs {
-                path: d.clone(),
+        let upper = paths.upper(n);
+        let fresh_upper = !upper.exists();
+        for d in [&upper, &paths.work(n), &paths.merged(n)] {
+            fs::create_dir_all(d).map_err(|source| CreateError::Dirs {
+                path: d.to_path_buf(),
                 source,
             })?;
         }
-        let mount = OverlayMount::mount(lower, &paths.upper(n), &paths.work(n), &paths.merged(n))?;
+        let userns = rec
+            .userns
+            .map(crate::userns::UserNamespace::new)
+            .transpose()?;
+        if let (Some(range), true) = (rec.userns, fresh_upper) {
+            // The root of the merged tree is the upper dir: it must belong to the sandbox's
+            // root as the image's root does (host root, seen through the idmap).
+            std::os::unix::fs::chown(&upper, Some(range.host_base), Some(range.host_base))
+                .map_err(|source| CreateError::Chown {
+                    path: upper.clone(),
+                    source,
+                })?;
+        }
+        let opts = MountOptions {
+            idmap: userns.as_ref().map(std::os::fd::AsFd::as_fd),
+            nodev: true,
+            nosuid: true,
+        };
+        let mount =
+            OverlayMount::mount_with(&[lower], &upper, &paths.work(n), &paths.merged(n), &opts)?;
         let cgroup = SandboxCgroup::create(&rec.cgroup, &rec.limits())?;
         Ok(Instance {
             mount: Some(mount),
             cgroup: Some(cgroup),
+            userns,
             n,
         })
     }
@@ -180,13 +252,32 @@ impl Instance {
         rec: &SandboxRecord,
         paths: &SandboxPaths,
     ) -> Result<(i32, u64), CreateError> {
-        let mut cmd = Command::new(&rt.helper_exe);
+        let mut cmd = Command::new(rt.helper.exec_path());
         cmd.arg(HELPER_ARG)
             .arg("init")
             .arg("--root")
             .arg(paths.merged(self.n))
             .arg("--hostname")
-            .arg(&rec.id);
+            .arg(&rec.id)
+            .arg("--userns")
+            .arg(if self.userns.is_some() {
+                "private"
+            } else {
+                "host"
+            });
+        if let Some(ns) = &self.userns {
+            let fd = std::os::fd::AsFd::as_fd(ns).as_raw_fd();
+            // SAFETY: the closure runs in the forked child before exec and only calls dup2
+            // (async-signal-safe); `fd` stays open in the parent until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::dup2(fd, USERNS_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         for f in self.cgroup().procs_files() {
             cmd.arg("--procs").arg(f);
         }
@@ -219,6 +310,7 @@ impl Instance {
             m.leak();
         }
         self.cgroup.take();
+        self.userns.take();
     }
 }
 

@@ -151,13 +151,27 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
 
     let stdout = sys::memfd("belayer-stdout")?;
     let stderr = sys::memfd("belayer-stderr")?;
+    if let Some(range) = rec.userns {
+        // Background processes keep these: owned by the sandbox's root, they are files of
+        // the sandbox like any other (CRIU restores their owner inside its namespace).
+        for f in [&stdout, &stderr] {
+            std::os::unix::fs::fchown(f, Some(range.host_base), Some(range.host_base))
+                .map_err(|e| SyscallError::io("fchown", "output memfd", e))?;
+        }
+    }
     let (status_rd, status_wr): (OwnedFd, OwnedFd) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| SyscallError::io("pipe2", "exec status", e.into()))?;
 
-    let mut cmd = Command::new(&rt.helper_exe);
+    let mut cmd = Command::new(rt.helper.exec_path());
     cmd.arg(HELPER_ARG)
         .arg("exec")
+        .arg("--userns")
+        .arg(if rec.userns.is_some() {
+            "private"
+        } else {
+            "host"
+        })
         .arg("--pid")
         .arg(pid.to_string())
         .arg("--start-time")
@@ -214,13 +228,7 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         tracing::warn!(sandbox = %rec.id, kind = f.kind.as_str(), pid = ?f.pid, signal = ?f.signal, "infrastructure fault during the action");
         // Whatever the tracer already did: the sandbox is not trustworthy any more (the
         // daemon announces it as failed); the caller restores.
-        let mut r = slot.record();
-        if r.state == SandboxState::Running {
-            r.state = SandboxState::Failed;
-            if let Err(e) = r.save(&slot.paths) {
-                tracing::error!(sandbox = %r.id, error = %e, "cannot persist sandbox state");
-            }
-        }
+        slot.fail();
     }
 
     let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;

@@ -2,7 +2,10 @@
 //! a read-only image (paper: "Environment-state recovery").
 //!
 //! On disk, `state_dir/sandboxes/<id>/`:
-//! - `state.json`: the [`SandboxRecord`], rewritten (temp + rename) after every verb;
+//! - `state.json`: the [`SandboxRecord`], rewritten (temp + fsync + rename) when a durable
+//!   part of it changes, *before* the change is committed in memory ([`SandboxSlot::commit`]):
+//!   a full disk fails the verb and loses nothing. Transient states (`checkpointing`,
+//!   `restoring`) live in memory only; after a crash the adoption pass infers them;
 //! - `inst-<n>/{upper,work,merged}`: the overlay of instance n (a restore makes instance n+1);
 //! - `checkpoints/`: the [`crate::store::CheckpointStore`].
 //!
@@ -21,13 +24,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use belayer_ipc::{SandboxInfo, SandboxSpec};
+use belayer_ipc::{SandboxInfo, SandboxSpec, UsernsInfo};
 use belayer_overlay::layer::LayerManifest;
 use serde::{Deserialize, Serialize};
 pub use state::SandboxState;
 
-use crate::cgroup::{Limits, SandboxCgroup};
+use crate::cgroup::{CpuMax, Limits, SandboxCgroup};
 use crate::sys;
+use crate::userns::IdRange;
 
 /// What the daemon remembers about a sandbox (`state.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +52,10 @@ pub struct SandboxRecord {
     pub cgroup: String,
     /// Creation time, ms since the Unix epoch.
     pub created_unix_ms: u64,
+    /// Host id range of the sandbox's user namespace; `None`: the host's user namespace
+    /// (`--userns=host`, or a sandbox made before user namespaces).
+    #[serde(default)]
+    pub userns: Option<IdRange>,
 }
 
 /// Errors shared by the sandbox verbs.
@@ -119,6 +127,13 @@ impl SandboxPaths {
     }
 }
 
+fn mark_failed(rec: &mut SandboxRecord, paths: &SandboxPaths) {
+    rec.state = SandboxState::Failed;
+    if let Err(e) = rec.save(paths) {
+        tracing::error!(sandbox = %rec.id, error = %e, "cannot persist the failed state (adoption will find the dead init)");
+    }
+}
+
 /// The processes of a sandbox as `"<pid in the sandbox> <comm>"`, sorted: the process-list
 /// half of the validity check of a restore (CRIU restores the same pids inside the sandbox's
 /// pid namespace).
@@ -176,17 +191,34 @@ pub fn shared_writable_inodes(cgroup: &SandboxCgroup) -> std::collections::HashS
 }
 
 impl SandboxRecord {
-    /// Writes `state.json` atomically.
+    /// Writes `state.json` atomically (temp file, fsync, rename). A transient state is
+    /// written as what it will be after a crash: `checkpointing` as `running` (adoption
+    /// thaws a frozen cgroup), `restoring` as `failed`.
     pub fn save(&self, paths: &SandboxPaths) -> Result<(), RecordError> {
         let path = paths.state_file();
         let tmp = paths.dir.join(".state.json.tmp");
-        let json = serde_json::to_vec_pretty(self).unwrap_or_default();
+        let mut durable = self.clone();
+        durable.state = match self.state {
+            SandboxState::Checkpointing => SandboxState::Running,
+            SandboxState::Restoring => SandboxState::Failed,
+            s => s,
+        };
+        let json = serde_json::to_vec_pretty(&durable).unwrap_or_default();
         let err = |source| RecordError::Io {
             op: "write",
             path: path.clone(),
             source,
         };
-        fs::write(&tmp, json).map_err(err)?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&json)?;
+            f.sync_all()
+        };
+        if let Err(e) = write() {
+            let _ = fs::remove_file(&tmp);
+            return Err(err(e));
+        }
         fs::rename(&tmp, &path).map_err(err)
     }
 
@@ -201,11 +233,14 @@ impl SandboxRecord {
         serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse { path, source })
     }
 
-    /// Cgroup limits from the spec.
+    /// Cgroup limits from the spec (defaults were filled in at creation). The device
+    /// allow-list is always on.
     pub fn limits(&self) -> Limits {
         Limits {
             memory_max: self.spec.memory_max,
             pids_max: self.spec.pids_max,
+            cpu: self.spec.cpus.and_then(CpuMax::from_cpus),
+            devices: true,
         }
     }
 
@@ -280,19 +315,65 @@ impl SandboxSlot {
                 sys::try_reap(pid);
             }
             tracing::warn!(sandbox = %rec.id, "sandbox init is gone: marking failed");
-            rec.state = SandboxState::Failed;
-            if let Err(e) = rec.save(&self.paths) {
-                tracing::error!(sandbox = %rec.id, error = %e, "cannot persist sandbox state");
-            }
+            mark_failed(&mut rec, &self.paths);
         }
         rec.clone()
     }
 
-    /// Sets the state and persists it.
-    pub fn set_state(&self, state: SandboxState) -> Result<(), RecordError> {
+    /// Marks a running sandbox failed (in memory at once, since a failed instance must not
+    /// take actions whatever the disk says; then on disk, where a write that fails is logged:
+    /// the adoption pass finds the dead init anyway). Returns whether it was running.
+    pub fn fail(&self) -> bool {
         let mut rec = self.record();
-        rec.state = state;
-        rec.save(&self.paths)
+        if rec.state != SandboxState::Running {
+            return false;
+        }
+        mark_failed(&mut rec, &self.paths);
+        true
+    }
+
+    /// Sets a transient state (`checkpointing`, `restoring`) or returns from one to
+    /// `running`, in memory only: these never need a disk write, so a full disk cannot wedge
+    /// a sandbox in them.
+    pub fn set_transient(&self, state: SandboxState) {
+        self.record().state = state;
+    }
+
+    /// Applies `change` to a copy of the record, saves the copy, and only then makes it the
+    /// record: when the save fails (a full disk), memory and disk keep the old record and
+    /// the caller's verb fails with the error.
+    pub fn commit(&self, change: impl FnOnce(&mut SandboxRecord)) -> Result<(), RecordError> {
+        let mut rec = self.record();
+        let mut next = rec.clone();
+        change(&mut next);
+        next.save(&self.paths)?;
+        *rec = next;
+        Ok(())
+    }
+
+    /// The user namespace as clients see it: the maps of the running init, else the
+    /// recorded range.
+    fn userns_info(rec: &SandboxRecord) -> UsernsInfo {
+        let recorded = |r: Option<IdRange>| match r {
+            Some(r) => vec![[0, r.host_base, r.size]],
+            None => vec![[0, 0, u32::MAX]],
+        };
+        let live = rec
+            .init_pid
+            .filter(|_| rec.init_alive())
+            .and_then(crate::userns::maps_of);
+        let (uid_map, gid_map) =
+            live.unwrap_or_else(|| (recorded(rec.userns), recorded(rec.userns)));
+        UsernsInfo {
+            mode: if rec.userns.is_some() {
+                "private"
+            } else {
+                "host"
+            }
+            .to_string(),
+            uid_map,
+            gid_map,
+        }
     }
 
     /// Client view.
@@ -312,6 +393,7 @@ impl SandboxSlot {
             instance: rec.instance,
             tag: rec.spec.tag.clone(),
             created_unix_ms: rec.created_unix_ms,
+            userns: Some(Self::userns_info(&rec)),
         }
     }
 }

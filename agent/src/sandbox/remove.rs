@@ -4,7 +4,7 @@ use std::fs;
 
 use belayer_ipc::ErrorCode;
 
-use super::restore::{retire_instance, teardown};
+use super::restore::teardown;
 use super::SandboxSlot;
 use crate::cgroup::CgroupError;
 
@@ -60,14 +60,36 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if let Some(n) = name.strip_prefix("inst-").and_then(|n| n.parse().ok()) {
-                retire_instance(&slot.paths, n);
+                let _ = belayer_overlay::unmount(&slot.paths.merged(n));
             }
         }
     }
-    fs::remove_dir_all(&slot.paths.dir).map_err(|source| RemoveError::Delete {
+    // Out of every other writer's way first (the failure watcher rewriting `state.json`, a
+    // restore's retirement of an old instance): a rename is atomic, and writes to the old path
+    // fail from then on. The trash is deleted now, or by the next adoption pass.
+    let trash = trash_path(&slot.paths.dir);
+    fs::rename(&slot.paths.dir, &trash).map_err(|source| RemoveError::Delete {
         path: slot.paths.dir.clone(),
         source,
     })?;
+    if let Err(e) = fs::remove_dir_all(&trash) {
+        tracing::warn!(sandbox = %id, path = %trash.display(), error = %e, "cannot delete a removed sandbox yet (the next start retries)");
+    }
     tracing::info!(sandbox = %id, "sandbox removed");
     Ok(())
+}
+
+/// Prefix of removed sandbox dirs awaiting deletion in `state_dir/sandboxes`.
+pub const TRASH_PREFIX: &str = ".trash-";
+
+/// `sandboxes/.trash-<id>-<random>` beside `dir`.
+fn trash_path(dir: &std::path::Path) -> std::path::PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(
+        "{TRASH_PREFIX}{name}-{}",
+        crate::sys::random_hex(4)
+    ))
 }

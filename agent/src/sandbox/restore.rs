@@ -240,7 +240,8 @@ pub fn restore(
     };
 
     // 3. Tear down the failed instance (untraced: these kills are the agent's own).
-    slot.set_state(SandboxState::Restoring)?;
+    slot.set_transient(SandboxState::Restoring);
+    let mut restoring = RestoringGuard { slot, done: false };
     rt.tracer.untrack(&id);
     let t_down = Instant::now();
     teardown(slot).map_err(|source| RestoreError::Teardown {
@@ -265,10 +266,11 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
-            let netns = sys::new_netns().map_err(|source| RestoreError::Netns {
-                id: id.clone(),
-                source,
-            })?;
+            let netns =
+                sys::new_netns(rec.userns.is_some()).map_err(|source| RestoreError::Netns {
+                    id: id.clone(),
+                    source,
+                })?;
             let mut instance = instance;
             let cgroup_dirs = instance
                 .cgroup()
@@ -285,7 +287,8 @@ pub fn restore(
                     "/proc/self/fd/{}",
                     std::os::fd::AsRawFd::as_raw_fd(&netns)
                 ))
-                .join_cgroups(cgroup_dirs);
+                .join_cgroups(cgroup_dirs)
+                .new_cgroupns(true);
             let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
                 id: id.clone(),
                 source,
@@ -303,15 +306,26 @@ pub fn restore(
     };
     t.criu_restore = ms(t_criu);
 
-    {
-        let mut r = slot.record();
+    // The new instance becomes the record only once that is on disk; otherwise it goes
+    // again and the sandbox stays failed (its checkpoints untouched).
+    let committed = slot.commit(|r| {
         r.instance = n;
         r.init_pid = Some(pid);
         r.init_start_time = Some(start);
         r.state = SandboxState::Running;
-        r.save(&slot.paths)?;
-        rt.tracer.track(&r);
+    });
+    if let Err(e) = committed {
+        slot.set_transient(SandboxState::Failed);
+        if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+            let _ = cg.kill_all(Duration::from_secs(10));
+        }
+        sys::try_reap(pid);
+        let (paths, new) = (slot.paths.clone(), n);
+        std::thread::spawn(move || retire_instance(&paths, new));
+        return Err(e.into());
     }
+    restoring.done = true;
+    rt.tracer.track(&slot.record());
     // The old instance is garbage now.
     let (paths, old) = (slot.paths.clone(), rec.instance);
     std::thread::spawn(move || retire_instance(&paths, old));
@@ -341,6 +355,21 @@ pub fn restore(
         timings_ms: t,
         validity,
     })
+}
+
+/// Leaves a sandbox `failed` (not `restoring`) when a restore gives up after it tore the old
+/// instance down.
+struct RestoringGuard<'a> {
+    slot: &'a SandboxSlot,
+    done: bool,
+}
+
+impl Drop for RestoringGuard<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.slot.set_transient(SandboxState::Failed);
+        }
+    }
 }
 
 /// Verifies every artifact of checkpoint `m` (size and blake3) and every blob its layer

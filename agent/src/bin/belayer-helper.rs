@@ -1,0 +1,8 @@
+//! `belayer-helper`: the single-threaded helper processes of `belayerd` (sandbox init, action
+//! exec). `belayerd` runs it only from a sealed memfd copy; see `belayer_agent::helper`.
+
+fn main() {
+    belayer_agent::helper::dispatch();
+    eprintln!("belayer-helper: run by belayerd only (usage: belayer-helper __belayer-helper <init|exec> ...)");
+    std::process::exit(125);
+}

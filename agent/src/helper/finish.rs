@@ -1,0 +1,90 @@
+//! The last steps of a helper process before it becomes a sandbox process: confinement
+//! (capabilities, `no_new_privs`, seccomp) and the `execve` of the sandbox's own shell,
+//! opened beneath the sandbox root.
+//!
+//! The shell is opened with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` relative to
+//! the sandbox root and executed through that fd (`execveat(AT_EMPTY_PATH)`): a `/bin/sh`
+//! that the sandbox turned into a link to `/proc/self/exe` (or any other magic link) is
+//! refused, and absolute symlinks resolve inside the sandbox. What is executed is exactly the
+//! file that was checked, whatever a sandbox process renames meanwhile.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+
+use crate::sys::SyscallError;
+
+/// Opens `path` (absolute, inside the sandbox) beneath the caller's root, which must already
+/// be the sandbox root (after `pivot_root` or `setns` into its mount namespace). Only a
+/// regular file is accepted.
+pub(crate) fn open_executable(path: &str) -> Result<OwnedFd, SyscallError> {
+    let root = rustix::fs::open(
+        "/",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| SyscallError::io("open", "/", e.into()))?;
+    let fd = rustix::fs::openat2(
+        &root,
+        path.trim_start_matches('/'),
+        OFlags::PATH | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| SyscallError::io("openat2(RESOLVE_IN_ROOT)", path, e.into()))?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| SyscallError::io("fstat", path, e.into()))?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(SyscallError::new(
+            "execveat",
+            format!("{path} (not a regular file)"),
+            nix::errno::Errno::EACCES,
+        ));
+    }
+    Ok(fd)
+}
+
+/// Executes the file open as `fd` (`execveat(fd, "", argv, envp, AT_EMPTY_PATH)`). Returns
+/// only on failure.
+pub(crate) fn exec_fd(fd: &OwnedFd, what: &str, argv: &[CString], env: &[CString]) -> SyscallError {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut env_ptrs: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    env_ptrs.push(std::ptr::null());
+    // SAFETY: both arrays are NUL-terminated arrays of pointers to C strings that outlive
+    // the call (`argv`, `env` are borrowed); the path is an empty C string with
+    // AT_EMPTY_PATH, so the kernel executes `fd` itself.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            argv_ptrs.as_ptr(),
+            env_ptrs.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+    }
+    SyscallError::io("execveat", what, std::io::Error::last_os_error())
+}
+
+/// Confines the calling process for good: the container capability set
+/// ([`super::SANDBOX_CAPABILITIES`], bounding set included), then `no_new_privs`. Call right
+/// before [`exec_fd`].
+pub(crate) fn confine() -> Result<(), SyscallError> {
+    super::drop_capabilities().map_err(|e| {
+        SyscallError::io(
+            "capset",
+            "sandbox capabilities",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes integers only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(SyscallError::new(
+            "prctl",
+            "PR_SET_NO_NEW_PRIVS",
+            nix::errno::Errno::last(),
+        ));
+    }
+    Ok(())
+}
