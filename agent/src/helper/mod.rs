@@ -9,9 +9,13 @@
 //! - `init` ([`init`]): creates a sandbox's namespaces and its long-lived init (paper:
 //!   "Environment-state recovery": each trajectory runs in its own sandbox).
 //! - `exec` ([`exec`]): runs one action inside an existing sandbox.
+//!
+//! [`seccomp`]: the seccomp filter sandbox processes must run under ("Confinement"), for the
+//! helpers to install right before they exec sandbox code.
 
 pub mod exec;
 pub mod init;
+pub mod seccomp;
 
 use std::path::PathBuf;
 
