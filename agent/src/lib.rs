@@ -34,7 +34,9 @@
 //! fields as blobs), `tar`/`flate2`/`zstd` (image import), `plotters` (SVG plots of the rollout
 //! report, no system fonts needed), `indicatif` (rollout progress bars), `clap` (CLI),
 //! `thiserror` (typed errors), `tracing`/`tracing-subscriber` (logs), `anyhow` (CLI and binaries
-//! only).
+//! only), `seccompiler` (the sandbox seccomp filter: rust-vmm's pure-Rust compiler from
+//! syscall rules with argument conditions to classic BPF, the one Firecracker uses; no
+//! libseccomp C library to build against or ship).
 #![warn(missing_docs)]
 
 pub mod cgroup;

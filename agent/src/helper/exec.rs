@@ -69,6 +69,9 @@ pub enum ExecHelperError {
     /// A syscall failed.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// The seccomp filter could not be built.
+    #[error(transparent)]
+    Seccomp(#[from] super::seccomp::SeccompError),
     /// The action process could not start the action (its shell, cwd, namespaces, ...).
     #[error("cannot start the action: {0}")]
     Start(String),
@@ -174,6 +177,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
     drop(namespaces);
     chdir("/").map_err(|e| SyscallError::new("chdir", "/", e))?;
 
+    let filter = super::seccomp::SandboxFilter::build()?;
     // The child reports on a close-on-exec pipe: first its pid inside the sandbox (the
     // process group a timeout kills), then, only if it cannot start the action, why.
     let (report_rd, report_wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
@@ -184,7 +188,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         ForkResult::Child => {
             drop(report_rd);
             let mut report = fs::File::from(report_wr);
-            let err = action(&entry, &mut report, cwd, command, &env);
+            let err = action(&entry, &filter, &mut report, cwd, command, &env);
             let _ = write!(report, "{}", super::init::error_chain(&err));
             // SAFETY: _exit ends the child immediately; always safe.
             unsafe { libc::_exit(127) }
@@ -216,6 +220,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
 /// In the forked child: becomes the action process. Returns only on error.
 fn action(
     entry: &Entry,
+    filter: &super::seccomp::SandboxFilter,
     report: &mut fs::File,
     cwd: &str,
     command: &str,
@@ -256,7 +261,7 @@ fn action(
             first = first.max(k + 1);
         }
         sys::close_range(first, u32::MAX)?;
-        super::finish::confine()?;
+        super::finish::confine(filter)?;
         let argv = [
             CString::from(c"sh"),
             CString::from(c"-c"),

@@ -68,9 +68,10 @@ pub(crate) fn exec_fd(fd: &OwnedFd, what: &str, argv: &[CString], env: &[CString
 }
 
 /// Confines the calling process for good: the container capability set
-/// ([`super::SANDBOX_CAPABILITIES`], bounding set included), then `no_new_privs`. Call right
-/// before [`exec_fd`].
-pub(crate) fn confine() -> Result<(), SyscallError> {
+/// ([`super::SANDBOX_CAPABILITIES`], bounding set included), then `no_new_privs` and the
+/// sandbox seccomp filter (built before the fork, [`super::seccomp`]). Call right before
+/// [`exec_fd`]: nothing the filter refuses may follow.
+pub(crate) fn confine(filter: &super::seccomp::SandboxFilter) -> Result<(), SyscallError> {
     super::drop_capabilities().map_err(|e| {
         SyscallError::io(
             "capset",
@@ -86,5 +87,10 @@ pub(crate) fn confine() -> Result<(), SyscallError> {
             nix::errno::Errno::last(),
         ));
     }
-    Ok(())
+    filter.install().map_err(|e| {
+        let errno = e
+            .raw_os_error()
+            .map_or(nix::errno::Errno::EINVAL, nix::errno::Errno::from_raw);
+        SyscallError::new("seccomp", "sandbox filter", errno)
+    })
 }

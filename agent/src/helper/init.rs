@@ -56,6 +56,9 @@ pub enum InitError {
     /// A syscall failed in the helper.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
+    /// The seccomp filter could not be built.
+    #[error(transparent)]
+    Seccomp(#[from] super::seccomp::SeccompError),
     /// The sandbox init failed while setting up its namespaces.
     #[error("sandbox init setup failed: {0}")]
     ChildSetup(String),
@@ -108,6 +111,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
             | CloneFlags::CLONE_NEWPID,
     )
     .map_err(|e| SyscallError::new("unshare", "mnt|uts|ipc|cgroup|pid", e))?;
+    let filter = super::seccomp::SandboxFilter::build()?;
     // SAFETY: this helper process is single-threaded (a fresh exec of the helper binary that
     // has started no threads), so the child may allocate and run arbitrary code after fork.
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "sandbox init", e))? {
@@ -118,6 +122,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
                 hostname,
                 &env,
                 std::os::fd::AsRawFd::as_raw_fd(&wr) as u32,
+                &filter,
             );
             let mut wr = fs::File::from(wr);
             let _ = write!(wr, "{}", error_chain(&err));
@@ -183,8 +188,14 @@ pub(crate) fn enter_userns(userns: BorrowedFd<'_>) -> Result<(), SyscallError> {
 }
 
 /// Runs in pid 1 of the new namespaces; returns only on error.
-fn child(root: &Path, hostname: &str, env: &[CString], status_fd: u32) -> InitError {
-    match setup(root, hostname, status_fd) {
+fn child(
+    root: &Path,
+    hostname: &str,
+    env: &[CString],
+    status_fd: u32,
+    filter: &super::seccomp::SandboxFilter,
+) -> InitError {
+    match setup(root, hostname, status_fd, filter) {
         Err(e) => e,
         Ok(shell) => {
             let argv = [
@@ -197,7 +208,12 @@ fn child(root: &Path, hostname: &str, env: &[CString], status_fd: u32) -> InitEr
     }
 }
 
-fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<OwnedFd, InitError> {
+fn setup(
+    root: &Path,
+    hostname: &str,
+    status_fd: u32,
+    filter: &super::seccomp::SandboxFilter,
+) -> Result<OwnedFd, InitError> {
     super::mount::build_root(root)?;
     sethostname(hostname).map_err(|e| SyscallError::new("sethostname", hostname, e))?;
     umask(Mode::from_bits_truncate(0o022));
@@ -213,7 +229,7 @@ fn setup(root: &Path, hostname: &str, status_fd: u32) -> Result<OwnedFd, InitErr
     let keep = [status_fd, std::os::fd::AsRawFd::as_raw_fd(&shell) as u32];
     close_all_but(&keep)?;
     setsid().map_err(|e| SyscallError::new("setsid", "sandbox init", e))?;
-    super::finish::confine()?;
+    super::finish::confine(filter)?;
     Ok(shell)
 }
 

@@ -13,12 +13,16 @@
 //! - `init` ([`init`]): creates a sandbox's namespaces and its long-lived init (paper:
 //!   "Environment-state recovery": each trajectory runs in its own sandbox).
 //! - `exec` ([`exec`]): runs one action inside an existing sandbox.
+//!
+//! [`seccomp`]: the seccomp filter sandbox processes must run under ("Confinement"), for the
+//! helpers to install right before they exec sandbox code.
 
 pub mod exec;
 pub mod finish;
 pub mod image;
 pub mod init;
 pub mod mount;
+pub mod seccomp;
 
 /// First argument that selects helper mode.
 pub const HELPER_ARG: &str = "__belayer-helper";
