@@ -134,6 +134,10 @@ impl Agent {
         }
         CgroupLayout::detect()?;
         sys::set_child_subreaper()?;
+        make_empty_dir().map_err(|source| StartError::StateDir {
+            path: crate::helper::mount::EMPTY_DIR.into(),
+            source,
+        })?;
         fs::create_dir_all(config.state_dir.join("sandboxes")).map_err(|source| {
             StartError::StateDir {
                 path: config.state_dir.clone(),
@@ -696,6 +700,22 @@ impl Agent {
             }),
         }
     }
+}
+
+/// Makes [`crate::helper::mount::EMPTY_DIR`] (empty, root-owned, 0555) and its parent
+/// traversable (0755), which sandboxes bind over the `/proc` directories they must not see.
+fn make_empty_dir() -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::path::Path::new(crate::helper::mount::EMPTY_DIR);
+    fs::create_dir_all(dir)?;
+    if let Some(parent) = dir.parent() {
+        fs::set_permissions(parent, fs::Permissions::from_mode(0o755))?;
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o555))?;
+    if fs::read_dir(dir)?.next().is_some() {
+        return Err(std::io::Error::other("not empty"));
+    }
+    Ok(())
 }
 
 /// Takes an exclusive, non-blocking `flock` on `state_dir/belayerd.lock`.

@@ -353,3 +353,65 @@ fn a_sandbox_that_stops_itself_cannot_stop_the_timeout() {
     }
     assert_eq!(d.sh(&id, "echo alive"), "alive");
 }
+
+/// Python run inside the sandbox: each refused call by name, with its errno, one per line.
+const SYSCALL_PROBES: &str = r#"
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def probe(name, nr, *args):
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    print(name, errno.errorcode.get(ctypes.get_errno(), 'ok') if r == -1 else 'ok')
+buf = ctypes.create_string_buffer(256)
+probe('keyctl', 250, 0, -3, 0)
+probe('add_key', 248, 0, 0, 0, 0, -3)
+probe('unshare', 272, 0x10000000)
+probe('io_uring_setup', 425, 1, ctypes.addressof(buf))
+probe('bpf', 321, 0, ctypes.addressof(buf), 64)
+probe('perf_event_open', 298, ctypes.addressof(buf), 0, -1, -1, 0)
+probe('userfaultfd', 323, 0)
+probe('kexec_load', 246, 0, 0, 0, 0)
+probe('open_by_handle_at', 304, -100, ctypes.addressof(buf), 0)
+probe('mount', 165, 0, 0, 0, 0, 0)
+try:
+    socket.socket(17, socket.SOCK_RAW, 0)
+    print('af_packet ok')
+except OSError as e:
+    print('af_packet', errno.errorcode[e.errno])
+"#;
+
+#[test]
+fn seccomp_refuses_host_reaching_calls_before_and_after_a_restore() {
+    let d = Daemon::start();
+    d.image("py", &python_rootfs());
+    let id = d.create("py").id;
+    let check = |when: &str| {
+        let status = d.sh(
+            &id,
+            "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status /proc/1/status",
+        );
+        println!("{when}:\n{status}");
+        assert_eq!(status.matches("Seccomp:\t2").count(), 2, "{status}");
+        assert_eq!(status.matches("NoNewPrivs:\t1").count(), 2, "{status}");
+        let out = d.sh(
+            &id,
+            &format!("python3 -c '{}'", SYSCALL_PROBES.replace('\'', "\"")),
+        );
+        println!("{out}");
+        for line in out.lines() {
+            assert!(line.ends_with(" EPERM"), "{when}: {line}");
+        }
+        assert_eq!(out.lines().count(), 11);
+    };
+    check("fresh sandbox");
+    d.sh(&id, "sleep 1000 >/dev/null 2>&1 &");
+    d.checkpoint(&id, 1, b"k1");
+    d.fail_stop(&id);
+    d.restore(&id);
+    check("after restore");
+    // The restored background process keeps its filter too.
+    let pid = d.sh(&id, "pidof sleep | cut -d' ' -f1");
+    assert_eq!(
+        d.sh(&id, &format!("grep Seccomp: /proc/{pid}/status")),
+        "Seccomp:\t2"
+    );
+}

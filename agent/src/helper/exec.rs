@@ -251,16 +251,7 @@ fn action(
         let shell = super::finish::open_executable("/bin/sh")?;
         // Everything but stdio, the shell and the (close-on-exec) report pipe: the namespace
         // and cgroup fds, the status pipe.
-        let mut keep = [shell.as_raw_fd() as u32, report.as_raw_fd() as u32];
-        keep.sort_unstable();
-        let mut first = 3;
-        for k in keep {
-            if k > first {
-                sys::close_range(first, k - 1)?;
-            }
-            first = first.max(k + 1);
-        }
-        sys::close_range(first, u32::MAX)?;
+        super::finish::close_all_but(&[shell.as_raw_fd() as u32, report.as_raw_fd() as u32])?;
         super::finish::confine(filter)?;
         let argv = [
             CString::from(c"sh"),

@@ -94,3 +94,39 @@ pub(crate) fn confine(filter: &super::seccomp::SandboxFilter) -> Result<(), Sysc
         SyscallError::new("seccomp", "sandbox filter", errno)
     })
 }
+
+/// Closes every fd from 3 up except those in `keep`.
+pub(crate) fn close_all_but(keep: &[u32]) -> Result<(), SyscallError> {
+    for (first, last) in ranges_to_close(keep) {
+        crate::sys::close_range(first, last)?;
+    }
+    Ok(())
+}
+
+/// The inclusive fd ranges from 3 to `u32::MAX` that exclude every fd in `keep`.
+fn ranges_to_close(keep: &[u32]) -> Vec<(u32, u32)> {
+    let mut keep = keep.to_vec();
+    keep.sort_unstable();
+    let mut out = Vec::new();
+    let mut first = 3u32;
+    for k in keep {
+        if k > first {
+            out.push((first, k - 1));
+        }
+        first = first.max(k.saturating_add(1));
+    }
+    out.push((first, u32::MAX));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_ranges_skip_the_kept_fds() {
+        assert_eq!(ranges_to_close(&[]), vec![(3, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[5, 3]), vec![(4, 4), (6, u32::MAX)]);
+        assert_eq!(ranges_to_close(&[9]), vec![(3, 8), (10, u32::MAX)]);
+    }
+}

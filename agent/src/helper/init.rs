@@ -227,34 +227,10 @@ fn setup(
     let shell = super::finish::open_executable("/bin/sh")?;
     // Keep only stdio, the shell and the close-on-exec status pipe.
     let keep = [status_fd, std::os::fd::AsRawFd::as_raw_fd(&shell) as u32];
-    close_all_but(&keep)?;
+    super::finish::close_all_but(&keep)?;
     setsid().map_err(|e| SyscallError::new("setsid", "sandbox init", e))?;
     super::finish::confine(filter)?;
     Ok(shell)
-}
-
-/// Closes every fd from 3 up except those in `keep`.
-fn close_all_but(keep: &[u32]) -> Result<(), SyscallError> {
-    for (first, last) in ranges_to_close(keep) {
-        sys::close_range(first, last)?;
-    }
-    Ok(())
-}
-
-/// The inclusive fd ranges from 3 to `u32::MAX` that exclude every fd in `keep`.
-fn ranges_to_close(keep: &[u32]) -> Vec<(u32, u32)> {
-    let mut keep = keep.to_vec();
-    keep.sort_unstable();
-    let mut out = Vec::new();
-    let mut first = 3u32;
-    for k in keep {
-        if k > first {
-            out.push((first, k - 1));
-        }
-        first = first.max(k.saturating_add(1));
-    }
-    out.push((first, u32::MAX));
-    out
 }
 
 /// Points fds 0, 1 and 2 at `file`.
@@ -271,16 +247,4 @@ pub(crate) fn redirect_stdio(file: &fs::File) -> Result<(), SyscallError> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn close_ranges_skip_the_kept_fds() {
-        assert_eq!(ranges_to_close(&[]), vec![(3, u32::MAX)]);
-        assert_eq!(ranges_to_close(&[5, 3]), vec![(4, 4), (6, u32::MAX)]);
-        assert_eq!(ranges_to_close(&[9]), vec![(3, 8), (10, u32::MAX)]);
-    }
 }

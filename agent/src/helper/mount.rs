@@ -10,13 +10,18 @@
 //!    the host's `/dev/null` ([`MASKED_FILES`]), cover its host-revealing directories with
 //!    empty read-only tmpfs ([`MASKED_DIRS`]), and make the host-settings trees read-only
 //!    ([`READ_ONLY`]);
-//! 3. mount a private `/dev` tmpfs (`nosuid,noexec`) holding only bind mounts of the host's
-//!    harmless character devices ([`crate::cgroup::ALLOWED_DEVICES`]; a user namespace cannot
-//!    `mknod`), the usual `/dev/fd`, `/dev/std*` links and `/dev/shm`;
+//! 3. bind the host's harmless character devices ([`crate::cgroup::ALLOWED_DEVICES`]; a user
+//!    namespace cannot `mknod`) over their placeholders in the sandbox's own `/dev`, an opaque
+//!    directory of its upper layer made with the instance ([`dev_skeleton`]: placeholders, the
+//!    `/dev/fd`, `/dev/std*` links, `/dev/shm`);
 //! 4. `pivot_root` and detach the old root, so no host path remains reachable.
 //!
-//! CRIU dumps this tree as it is (the device and `/dev/null` binds as external mounts of the
-//! host's devtmpfs) and rebuilds it at restore.
+//! CRIU dumps this tree as it is and rebuilds it at restore. Every mount is a bind of a host
+//! file or of the empty directory [`EMPTY_DIR`] (external mounts: nothing to copy), or the
+//! `proc` instance; no tmpfs, whose content CRIU would archive with `tar` in every frozen
+//! window (≈8 ms each here). `/dev` lives in the upper layer instead, so what a sandbox keeps
+//! in `/dev/shm` is captured incrementally with the rest of its files and counts against its
+//! disk quota.
 
 use std::fs;
 use std::path::Path;
@@ -45,8 +50,21 @@ pub const MASKED_FILES: &[&str] = &[
     "proc/sysrq-trigger",
 ];
 
-/// Directories of `/proc` covered with an empty read-only tmpfs (runc's defaults).
+/// Directories of `/proc` covered with a read-only bind of [`EMPTY_DIR`] (runc's defaults).
 pub const MASKED_DIRS: &[&str] = &["proc/acpi", "proc/asound", "proc/scsi"];
+
+/// An empty, root-owned, mode 0555 host directory (made by `belayerd` at start) that masks
+/// directories; a bind of it costs CRIU nothing to dump or restore.
+pub const EMPTY_DIR: &str = "/run/belayer/empty";
+
+/// The entries of a fresh upper layer's `/dev`: `(name, kind)`; placeholders are empty files
+/// the devices are bound over.
+pub const DEV_LINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
 
 /// Trees of `/proc` made read-only (runc's defaults): host-wide kernel settings.
 pub const READ_ONLY: &[&str] = &["proc/bus", "proc/fs", "proc/irq", "proc/sys"];
@@ -104,61 +122,56 @@ fn mask_proc() -> Result<(), SyscallError> {
     }
     for dir in MASKED_DIRS {
         if fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
-            mount(
-                Some("tmpfs"),
-                *dir,
-                Some("tmpfs"),
-                MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("size=0,mode=555"),
-            )
-            .map_err(|e| SyscallError::new("mount", format!("tmpfs on /{dir}"), e))?;
+            bind_read_only(EMPTY_DIR, dir)?;
         }
     }
     for dir in READ_ONLY {
-        if fs::symlink_metadata(dir).is_err() {
-            continue;
+        if fs::symlink_metadata(dir).is_ok() {
+            bind_read_only(dir, dir)?;
         }
-        mount(
-            Some(*dir),
-            *dir,
-            NONE,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            NONE,
-        )
-        .map_err(|e| SyscallError::new("mount", format!("/{dir} bind"), e))?;
-        mount(
-            NONE,
-            *dir,
-            NONE,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_BIND
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NODEV
-                | MsFlags::MS_NOEXEC,
-            NONE,
-        )
-        .map_err(|e| SyscallError::new("mount", format!("/{dir} read-only"), e))?;
     }
     Ok(())
 }
 
-/// The private `/dev`: a tmpfs with bind mounts of the allowed host devices.
-fn build_dev() -> Result<(), SyscallError> {
-    ensure_dir("dev", 0o755)?;
+/// Binds `source` onto `target` (recursively) and makes the bind read-only, `nosuid`,
+/// `nodev`, `noexec`.
+fn bind_read_only(source: &str, target: &str) -> Result<(), SyscallError> {
     mount(
-        Some("tmpfs"),
-        "dev",
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_STRICTATIME,
-        Some("mode=755,size=65536k"),
+        Some(source),
+        target,
+        NONE,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        NONE,
     )
-    .map_err(|e| SyscallError::new("mount", "/dev tmpfs", e))?;
+    .map_err(|e| SyscallError::new("mount", format!("{source} on /{target}"), e))?;
+    mount(
+        NONE,
+        target,
+        NONE,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        NONE,
+    )
+    .map_err(|e| SyscallError::new("mount", format!("/{target} read-only"), e))
+}
+
+/// Binds the allowed host devices over their placeholders in the sandbox's `/dev` (made by
+/// [`dev_skeleton`]; each must be a plain file there, never a symlink).
+fn build_dev() -> Result<(), SyscallError> {
     for (_, _, name) in crate::cgroup::ALLOWED_DEVICES {
         let node = format!("dev/{name}");
-        fs::File::create(&node).map_err(|e| SyscallError::io("create", node.clone(), e))?;
-        fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-            .map_err(|e| SyscallError::io("chmod", node.clone(), e))?;
+        let plain = fs::symlink_metadata(&node).is_ok_and(|m| m.file_type().is_file());
+        if !plain {
+            return Err(SyscallError::new(
+                "mount",
+                format!("/{node} (no device placeholder)"),
+                nix::errno::Errno::ENOENT,
+            ));
+        }
         let host = format!("/dev/{name}");
         mount(
             Some(host.as_str()),
@@ -169,22 +182,39 @@ fn build_dev() -> Result<(), SyscallError> {
         )
         .map_err(|e| SyscallError::new("mount", format!("{host} bind"), e))?;
     }
-    for (link, target) in [
-        ("dev/fd", "/proc/self/fd"),
-        ("dev/stdin", "/proc/self/fd/0"),
-        ("dev/stdout", "/proc/self/fd/1"),
-        ("dev/stderr", "/proc/self/fd/2"),
-    ] {
-        std::os::unix::fs::symlink(target, link)
-            .map_err(|e| SyscallError::io("symlink", link, e))?;
-    }
-    fs::create_dir("dev/shm").map_err(|e| SyscallError::io("mkdir", "/dev/shm", e))?;
-    fs::set_permissions(
-        "dev/shm",
-        std::os::unix::fs::PermissionsExt::from_mode(0o1777),
-    )
-    .map_err(|e| SyscallError::io("chmod", "/dev/shm", e))?;
     Ok(())
+}
+
+/// Makes `/dev` of a fresh upper layer (host side, before the overlay is mounted): an opaque
+/// directory (the image's `/dev` never shows through) owned by `owner` (the sandbox's root)
+/// with a placeholder file per allowed device, the `/dev/fd` and `/dev/std*` links and a
+/// world-writable, sticky `/dev/shm`.
+pub fn dev_skeleton(upper: &Path, owner: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{chown, lchown, symlink, PermissionsExt};
+    let dev = upper.join("dev");
+    fs::create_dir(&dev)?;
+    fs::set_permissions(&dev, fs::Permissions::from_mode(0o755))?;
+    xattr_set(&dev, "trusted.overlay.opaque", b"y")?;
+    for (_, _, name) in crate::cgroup::ALLOWED_DEVICES {
+        let p = dev.join(name);
+        fs::File::create(&p)?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o666))?;
+        chown(&p, Some(owner), Some(owner))?;
+    }
+    for (name, target) in DEV_LINKS {
+        let p = dev.join(name);
+        symlink(target, &p)?;
+        lchown(&p, Some(owner), Some(owner))?;
+    }
+    let shm = dev.join("shm");
+    fs::create_dir(&shm)?;
+    fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777))?;
+    chown(&shm, Some(owner), Some(owner))?;
+    chown(&dev, Some(owner), Some(owner))
+}
+
+fn xattr_set(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    rustix::fs::setxattr(path, name, value, rustix::fs::XattrFlags::empty()).map_err(Into::into)
 }
 
 fn ensure_dir(path: &str, mode: u32) -> Result<(), SyscallError> {

@@ -59,8 +59,8 @@ pub enum CreateError {
     /// The user namespace could not be made (or no id range is free).
     #[error(transparent)]
     Userns(#[from] crate::userns::UsernsError),
-    /// Giving the sandbox root to its user namespace's root failed.
-    #[error("cannot hand {path} to the sandbox's root")]
+    /// Preparing the fresh upper layer (its owner, its `/dev`) failed.
+    #[error("cannot prepare the fresh upper layer {path}")]
     Chown {
         /// Path.
         path: std::path::PathBuf,
@@ -202,7 +202,9 @@ impl Instance {
     ) -> Result<Instance, CreateError> {
         let _ = rt;
         let upper = paths.upper(n);
-        let fresh_upper = !upper.exists();
+        // Fresh: missing or empty (a restore without checkpoint makes an empty one); an
+        // installed layer brings its own root owner and `/dev`.
+        let fresh_upper = fs::read_dir(&upper).map_or(true, |mut d| d.next().is_none());
         for d in [&upper, &paths.work(n), &paths.merged(n)] {
             fs::create_dir_all(d).map_err(|source| CreateError::Dirs {
                 path: d.to_path_buf(),
@@ -213,10 +215,12 @@ impl Instance {
             .userns
             .map(crate::userns::UserNamespace::new)
             .transpose()?;
-        if let (Some(range), true) = (rec.userns, fresh_upper) {
+        if fresh_upper {
             // The root of the merged tree is the upper dir: it must belong to the sandbox's
             // root as the image's root does (host root, seen through the idmap).
-            std::os::unix::fs::chown(&upper, Some(range.host_base), Some(range.host_base))
+            let owner = rec.userns.map_or(0, |r| r.host_base);
+            std::os::unix::fs::chown(&upper, Some(owner), Some(owner))
+                .and_then(|()| crate::helper::mount::dev_skeleton(&upper, owner))
                 .map_err(|source| CreateError::Chown {
                     path: upper.clone(),
                     source,
