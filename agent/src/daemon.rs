@@ -69,6 +69,21 @@ pub enum StartError {
     /// The upper-layer blob store could not be opened.
     #[error("cannot open the blob store")]
     Blobs(#[source] belayer_overlay::layer::BlobError),
+    /// The state dir cannot enforce the configured default disk limit.
+    #[error(
+        "state dir {path} cannot enforce default_disk_max_bytes = {bytes}: run scripts/setup.sh \
+         (it loop-mounts a btrfs image at /var/lib/belayer), put the state dir on btrfs, or set \
+         default_disk_max_bytes = 0 (no disk limit)"
+    )]
+    DiskQuota {
+        /// The state dir.
+        path: std::path::PathBuf,
+        /// The configured default limit.
+        bytes: u64,
+        /// Why quotas are unavailable.
+        #[source]
+        source: crate::quota::QuotaError,
+    },
 }
 
 /// Backing tmpfs of CRIU's kernel-feature cache.
@@ -150,6 +165,13 @@ impl Agent {
         // One agent per state dir: a second one would adopt (and clean up after) sandboxes the
         // first is working on.
         let lock = lock_state_dir(&config.state_dir)?;
+        let quota =
+            crate::quota::open_state_quota(&config.state_dir, config.default_disk_max_bytes)
+                .map_err(|source| StartError::DiskQuota {
+                    path: config.state_dir.clone(),
+                    bytes: config.default_disk_max_bytes,
+                    source,
+                })?;
         let images = ImageStore::open(&config.state_dir)?;
         let helper_exe = crate::helper::self_exe().map_err(|source| StartError::StateDir {
             path: "/proc/self/exe".into(),
@@ -189,6 +211,7 @@ impl Agent {
                 tracer,
                 blobs,
                 stage,
+                quota,
             },
             sandboxes: Mutex::new(HashMap::new()),
         });

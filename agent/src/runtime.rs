@@ -25,6 +25,9 @@ pub struct Runtime {
     pub blobs: belayer_overlay::layer::BlobStore,
     /// The tmpfs CRIU dumps into while a sandbox is frozen (`None`: disabled or unavailable).
     pub stage: Option<crate::stage::DumpStage>,
+    /// Disk quotas of the state dir (`None` only when `default_disk_max_bytes` is 0 and the
+    /// state dir has none): instance dirs are made with [`crate::quota::make_instance_dir`].
+    pub quota: Option<crate::quota::QuotaFs>,
 }
 
 impl Runtime {

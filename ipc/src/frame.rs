@@ -30,7 +30,7 @@ use crate::message::{Envelope, Event, Request, Response};
 pub const MAGIC: [u8; 4] = *b"BLYR";
 
 /// The protocol version this crate speaks; frames carrying any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 16;
@@ -608,6 +608,7 @@ mod tests {
                 pids_max: None,
                 env: vec![("PATH".to_owned(), "/usr/bin".to_owned())],
                 tag: Some("rollout-7".to_owned()),
+                disk_max: Some(10 << 30),
             }),
             Request::ListSandboxes,
             Request::InspectSandbox {
@@ -821,7 +822,7 @@ mod tests {
         };
         let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
         let payload = &bytes[HEADER_LEN..];
-        assert_eq!(&bytes[4..6], &[2, 0]);
+        assert_eq!(&bytes[4..6], &[3, 0]);
         assert_eq!(bytes[6], 1);
         assert_eq!(bytes[7], 0);
         assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());
