@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh Debian 12 machine for Belayer: packages, CRIU 4.x from source, the
-# Rust toolchain, kernel feature checks and the two test images. Safe to run again: every step is
-# skipped when already done (a second run takes a few seconds at most).
+# Rust toolchain, kernel feature checks, the two test images and the btrfs state file system at
+# /var/lib/belayer (disk quotas per sandbox). Safe to run again: every step is skipped when
+# already done (a second run takes a few seconds at most).
 #
 # Usage: scripts/setup.sh            run everything (as root)
 #        source scripts/setup.sh     define the functions and paths below, run nothing
@@ -9,8 +10,12 @@
 # Environment:
 #   BELAYER_CACHE          cache directory (default /var/cache/belayer)
 #   BELAYER_DEBIAN_MIRROR  Debian mirror for debootstrap (default: the machine's apt configuration)
+#   BELAYER_STATE_IMAGE_SIZE        size of a new state image (truncate syntax, e.g. 64G; default:
+#                                   half the free space of $BELAYER_CACHE, at most 256G)
+#   BELAYER_STATE_IMAGE_PREALLOCATE 1: reserve the image's blocks (fallocate) instead of sparse
 #
-# Logs go to stderr; the last lines on stdout are `export NAME=value` lines for the image paths.
+# Logs go to stderr; the last lines on stdout are `export NAME=value` lines for the image paths
+# and the test state root.
 set -euo pipefail
 
 CACHE=${BELAYER_CACHE:-/var/cache/belayer}
@@ -29,6 +34,11 @@ PYTHON_SUITE=bookworm
 BUSYBOX_ROOTFS="$IMAGES/busybox/rootfs"
 PYTHON_ROOTFS="$IMAGES/bookworm-python/rootfs"
 PYTHON_TARBALL="$IMAGES/bookworm-python.tar.zst"
+# The daemon's state dir must be on btrfs with quotas (agent/src/quota: one subvolume + qgroup
+# limit per sandbox instance). Where it is not, a btrfs image in the cache is mounted there.
+STATE_DIR=/var/lib/belayer
+STATE_IMAGE="$CACHE/state.btrfs"
+TEST_STATE_ROOT="$STATE_DIR/test-runs"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
@@ -44,6 +54,8 @@ apt_packages=(
   runc
   # test helpers, rustup bootstrap, shell lint
   python3 curl ca-certificates util-linux kmod shellcheck
+  # mkfs.btrfs for the state file system and the quota tests' images (belayerd itself uses ioctls)
+  btrfs-progs
 )
 
 install_packages() {
@@ -268,7 +280,7 @@ publish_dir() {
 # Removes build leftovers of an earlier, interrupted run (the caller holds the set-up lock).
 clean_stale_tmp() {
   local d
-  for d in "$IMAGES"/.tmp.* "$IMAGES"/*.stale.* "$PYTHON_TARBALL".part.*; do
+  for d in "$IMAGES"/.tmp.* "$IMAGES"/*.stale.* "$PYTHON_TARBALL".part.* "$STATE_IMAGE".part.*; do
     [ -e "$d" ] || continue
     log "removing leftover $d"
     remove_tree "$d"
@@ -386,6 +398,84 @@ build_python_image() {
   log "image: bookworm-python ready at $PYTHON_ROOTFS"
 }
 
+# Turns btrfs quotas on for the file system holding $1: simple quotas (Linux >= 6.7: extents are
+# charged to the subvolume that wrote them, no backref walks at commit), else full qgroups. The
+# ioctl is used directly because btrfs-progs 6.2 (Debian 12) cannot enable simple quotas.
+# Enabling quotas that are on already changes nothing.
+enable_quotas() {
+  python3 - "$1" <<'PY'
+import errno, fcntl, os, struct, sys
+BTRFS_IOC_QUOTA_CTL = 0xC0109428
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+for cmd, mode in ((4, "simple quotas"), (1, "full qgroups")):
+    try:
+        fcntl.ioctl(fd, BTRFS_IOC_QUOTA_CTL, bytearray(struct.pack("=QQ", cmd, 0)))
+        print(mode)
+        break
+    except OSError as e:
+        if cmd == 1 or e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+PY
+}
+
+quotas_on() { btrfs qgroup show "$1" >/dev/null 2>&1; }
+
+# Bytes for a new state image: $BELAYER_STATE_IMAGE_SIZE, else half the free space of the cache's
+# file system (the image is sparse: other users of that disk keep the other half), at most 256 GiB.
+state_image_size() {
+  if [ -n "${BELAYER_STATE_IMAGE_SIZE:-}" ]; then
+    echo "$BELAYER_STATE_IMAGE_SIZE"
+    return
+  fi
+  local avail gib=$((1 << 30)) size
+  avail=$(df -B1 --output=avail "$CACHE" | tail -1 | tr -d ' ')
+  size=$(( avail / 2 / gib * gib ))
+  (( size <= 256 * gib )) || size=$(( 256 * gib ))
+  (( size >= 8 * gib )) || die "a state image needs 16 GiB free in $CACHE (or set BELAYER_STATE_IMAGE_SIZE)"
+  echo "$size"
+}
+
+# The state file system: nothing to do when $STATE_DIR is on btrfs with quotas on (≈0 s). Else
+# a btrfs image $STATE_IMAGE (made once) is attached to a loop device with direct I/O (no second
+# copy of the data in the host's page cache; fsync costs about half of a buffered loop) and
+# mounted at $STATE_DIR, and quotas are turned on. The mount does not survive a reboot: run
+# set-up again (it re-attaches the cached image) or see scripts/systemd/belayerd.service.
+setup_state_fs() {
+  mkdir -p "$STATE_DIR"
+  local fstype
+  fstype=$(stat -f -c %T "$STATE_DIR")
+  if [ "$fstype" != btrfs ]; then
+    mountpoint -q "$STATE_DIR" && die "$STATE_DIR is a $fstype mount: Belayer needs btrfs there (disk quotas per sandbox)"
+    if [ -n "$(find "$STATE_DIR" -mindepth 1 ! -type d -print -quit)" ]; then
+      die "$STATE_DIR holds files on $fstype: move them away (set-up mounts a btrfs image there) or put $STATE_DIR on btrfs"
+    fi
+    if [ ! -f "$STATE_IMAGE" ]; then
+      local size part="$STATE_IMAGE.part.$$"
+      size=$(state_image_size)
+      log "state: making a $size-byte btrfs image $STATE_IMAGE"
+      if [ "${BELAYER_STATE_IMAGE_PREALLOCATE:-0}" = 1 ]; then
+        fallocate -l "$size" "$part"
+      else
+        truncate -s "$size" "$part"
+      fi
+      # Metadata single, not DUP: a second copy on the same backing file protects nothing.
+      mkfs.btrfs -q -f -L belayer-state -m single "$part" >/dev/null
+      mv -f "$part" "$STATE_IMAGE"
+    fi
+    local dev
+    dev=$(losetup -n -O NAME -j "$STATE_IMAGE" | head -1)
+    [ -n "$dev" ] || dev=$(losetup --find --show --direct-io=on "$STATE_IMAGE")
+    mount "$dev" "$STATE_DIR"
+    chmod 0700 "$STATE_DIR"
+    log "state: mounted $STATE_IMAGE ($dev) at $STATE_DIR"
+  fi
+  if ! quotas_on "$STATE_DIR"; then
+    log "state: enabled $(enable_quotas "$STATE_DIR") on $STATE_DIR"
+  fi
+  mkdir -p "$TEST_STATE_ROOT"
+  log "state: $STATE_DIR on btrfs with quotas"
+}
+
 main() {
   [ "$(id -u)" -eq 0 ] || die "run as root"
   local start=$SECONDS
@@ -406,6 +496,7 @@ main() {
     check_kernel
     build_busybox_image
     build_python_image
+    setup_state_fs
   } >&2
 
   cleanup_tmp
@@ -417,6 +508,7 @@ main() {
   printf 'export BELAYER_TEST_PYTHON_ROOTFS=%q\n' "$PYTHON_ROOTFS"
   printf 'export BELAYER_TEST_PYTHON_TARBALL=%q\n' "$PYTHON_TARBALL"
   printf 'export BELAYER_CRIU=%q\n' "$CRIU_BIN"
+  printf 'export BELAYER_TEST_STATE_ROOT=%q\n' "$TEST_STATE_ROOT"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

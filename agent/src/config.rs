@@ -11,6 +11,20 @@ pub const DEFAULT_SOCKET: &str = "/run/belayer/belayer.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/belayer";
 /// Default configuration file.
 pub const DEFAULT_CONFIG: &str = "/etc/belayer/belayer.toml";
+/// Default of [`Config::default_disk_max_bytes`]: 10 GiB.
+pub const DEFAULT_DISK_MAX_BYTES: u64 = 10 << 30;
+
+/// A fresh, unique path for the private state dir of an in-process agent (the embedded agent
+/// of `belayer rollout` and `belayer bench`, the tracer benchmark): `kind-<pid>-<hex>` under
+/// `/var/lib/belayer/scratch`, on the state file system `scripts/setup.sh` mounts, so that
+/// their sandboxes get disk quotas as the daemon's do. Not created here.
+pub fn scratch_state_dir(kind: &str) -> PathBuf {
+    Path::new(DEFAULT_STATE_DIR).join("scratch").join(format!(
+        "{kind}-{}-{}",
+        std::process::id(),
+        crate::sys::random_hex(4)
+    ))
+}
 
 /// Configuration of `belayerd`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -39,6 +53,12 @@ pub struct Config {
     /// `pids.max` of sandboxes whose spec sets none (a fork bomb must not exhaust the host's
     /// pids); 0 = unlimited.
     pub default_pids_max: u64,
+    /// Disk limit, bytes, of sandboxes whose spec sets none (`disk_max`): what a sandbox
+    /// instance's upper layer may allocate, enforced by the kernel (a btrfs qgroup, see
+    /// [`crate::quota`]). Non-zero needs the state dir on btrfs: `belayerd` refuses to start
+    /// otherwise ([`crate::daemon::StartError::DiskQuota`]). 0 = no default limit, logged as a
+    /// warning at start. Default 10 GiB.
+    pub default_disk_max_bytes: u64,
     /// Do not load the BPF sandbox tracer; use the pidfd/cgroup fallback (`--no-bpf`).
     pub no_bpf: bool,
     /// zstd level (1–19) for new upper-layer blobs; unset: stored uncompressed (restores
@@ -83,6 +103,7 @@ impl Default for Config {
             cgroup_parent: "belayer".to_string(),
             test_hooks: false,
             default_pids_max: 4096,
+            default_disk_max_bytes: DEFAULT_DISK_MAX_BYTES,
             no_bpf: false,
             blob_zstd_level: None,
             dump_stage_bytes: 8 << 30,
@@ -229,6 +250,14 @@ impl Config {
                 reason: "must be 0 (unlimited) or at least 1 MiB",
             });
         }
+        if self.default_disk_max_bytes != 0
+            && self.default_disk_max_bytes < crate::quota::MIN_DISK_LIMIT
+        {
+            return Err(ConfigError::Invalid {
+                field: "default_disk_max_bytes",
+                reason: "below 1 MiB (0 = no limit)",
+            });
+        }
         if self.freeze_timeout_ms == 0 {
             return Err(ConfigError::Invalid {
                 field: "freeze_timeout_ms",
@@ -272,5 +301,19 @@ mod tests {
         let mut c = Config::default();
         c.default_cpus = f64::NAN;
         assert!(c.validate().is_err());
+        let mut c = Config {
+            default_disk_max_bytes: 4096,
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+        c.default_disk_max_bytes = 0;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn disk_limit_defaults_to_10_gib() {
+        assert_eq!(Config::default().default_disk_max_bytes, 10 << 30);
+        let c: Config = toml::from_str("default_disk_max_bytes = 0\n").unwrap();
+        assert_eq!(c.default_disk_max_bytes, 0);
     }
 }

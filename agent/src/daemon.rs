@@ -72,6 +72,21 @@ pub enum StartError {
     /// The upper-layer blob store could not be opened.
     #[error("cannot open the blob store")]
     Blobs(#[source] belayer_overlay::layer::BlobError),
+    /// The state dir cannot enforce the configured default disk limit.
+    #[error(
+        "state dir {path} cannot enforce default_disk_max_bytes = {bytes}: run scripts/setup.sh \
+         (it loop-mounts a btrfs image at /var/lib/belayer), put the state dir on btrfs, or set \
+         default_disk_max_bytes = 0 (no disk limit)"
+    )]
+    DiskQuota {
+        /// The state dir.
+        path: std::path::PathBuf,
+        /// The configured default limit.
+        bytes: u64,
+        /// Why quotas are unavailable.
+        #[source]
+        source: crate::quota::QuotaError,
+    },
 }
 
 /// Backing tmpfs of CRIU's kernel-feature cache.
@@ -157,6 +172,13 @@ impl Agent {
         // One agent per state dir: a second one would adopt (and clean up after) sandboxes the
         // first is working on.
         let lock = lock_state_dir(&config.state_dir)?;
+        let quota =
+            crate::quota::open_state_quota(&config.state_dir, config.default_disk_max_bytes)
+                .map_err(|source| StartError::DiskQuota {
+                    path: config.state_dir.clone(),
+                    bytes: config.default_disk_max_bytes,
+                    source,
+                })?;
         let images = ImageStore::open(&config.state_dir)?;
         let helper = crate::helper::image::HelperImage::beside_current_exe()?;
         let contexts = ContextLogs::new(&config.state_dir);
@@ -195,6 +217,7 @@ impl Agent {
                 tracer,
                 blobs,
                 stage,
+                quota,
             },
             sandboxes: Mutex::new(HashMap::new()),
         });
@@ -293,6 +316,12 @@ impl Agent {
         });
         match result {
             Ok(stats) => {
+                if let Some(q) = &self.rt.quota {
+                    // Qgroups of deleted instances that no longer share extents.
+                    if let Err(e) = q.sweep_stale() {
+                        tracing::debug!(error = %e, "stale qgroup sweep failed");
+                    }
+                }
                 tracing::info!(
                     live = stats.live_blobs,
                     references = stats.references,
@@ -418,11 +447,7 @@ impl Agent {
             if id.starts_with(sandbox::remove::TRASH_PREFIX) {
                 // Removed, not yet deleted: finish in the background.
                 let path = e.path();
-                std::thread::spawn(move || {
-                    if let Err(err) = fs::remove_dir_all(&path) {
-                        tracing::warn!(path = %path.display(), error = %err, "cannot delete a removed sandbox");
-                    }
-                });
+                std::thread::spawn(move || sandbox::remove::delete_sandbox_dir(&path));
                 continue;
             }
             let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
@@ -435,6 +460,16 @@ impl Agent {
             };
             if let Some(range) = rec.userns {
                 self.rt.userns.adopt(range);
+            }
+            // A crash between making an instance's volume and limiting it leaves no limit:
+            // set it again.
+            let inst = paths.instance(rec.instance);
+            if self.rt.quota.is_some() && crate::quota::is_volume(&inst) {
+                let limited =
+                    crate::quota::Volume::open(&inst).and_then(|v| v.set_limit(rec.spec.disk_max));
+                if let Err(err) = limited {
+                    tracing::warn!(sandbox = %id, error = %err, "cannot re-apply the disk limit");
+                }
             }
             // A checkpoint interrupted by a crash left no trace in the state file (that state
             // is never written), but maybe a CRIU dump still running and a frozen cgroup: let

@@ -12,6 +12,7 @@
 //! - [`store`]: the checkpoint store and manifest (atomic publication);
 //! - [`images`]: read-only images (lower layers);
 //! - [`cgroup`]: sandbox cgroups (v2, with v1 fallbacks for limits and the freezer);
+//! - [`quota`]: kernel-enforced disk quotas (btrfs subvolume + qgroup limit per instance);
 //! - [`context`]: the LLM-context log L_k (framed, CRC-checked records; torn-tail recovery);
 //! - [`policy`]: the adaptive risk-aware checkpoint policy (Algorithm 1) and its baselines;
 //! - [`report`]: the rollout report (`report.json`, `report.md`, SVG plots);
@@ -49,6 +50,7 @@ pub mod helper;
 pub mod images;
 pub mod memory;
 pub mod policy;
+pub mod quota;
 pub mod report;
 pub mod rollout;
 pub mod runtime;

@@ -25,6 +25,9 @@ pub struct Runtime {
     pub stage: Option<crate::stage::DumpStage>,
     /// Host id ranges of sandbox user namespaces.
     pub userns: crate::userns::RangeAllocator,
+    /// Disk quotas of the state dir (`None` only when `default_disk_max_bytes` is 0 and the
+    /// state dir has none): instance dirs are made with [`crate::quota::make_instance_dir`].
+    pub quota: Option<crate::quota::QuotaFs>,
 }
 
 impl Runtime {

@@ -615,6 +615,7 @@ mod tests {
                 tag: Some("rollout-7".to_owned()),
                 cpus: Some(1.5),
                 userns: Some(crate::UsernsMode::Host),
+                disk_max: Some(10 << 30),
             }),
             Request::ListSandboxes,
             Request::InspectSandbox {
@@ -828,7 +829,7 @@ mod tests {
         };
         let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
         let payload = &bytes[HEADER_LEN..];
-        assert_eq!(&bytes[4..6], &[2, 0]);
+        assert_eq!(&bytes[4..6], &[3, 0]);
         assert_eq!(bytes[6], 1);
         assert_eq!(bytes[7], 0);
         assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());

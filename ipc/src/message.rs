@@ -191,6 +191,12 @@ pub struct SandboxSpec {
     pub cpus: Option<f64>,
     /// User namespace of the sandbox; `None` = the daemon's default (private).
     pub userns: Option<UsernsMode>,
+    /// Disk limit in bytes: what the sandbox's upper layer may allocate, enforced by the kernel
+    /// (writes past it fail with `EDQUOT` inside the sandbox); `None` = the daemon's
+    /// `default_disk_max_bytes`. A sandbox cannot ask for no limit where the daemon sets one;
+    /// values below 1 MiB are refused. Absent from state files written before protocol 3.
+    #[serde(default)]
+    pub disk_max: Option<u64>,
 }
 
 /// Which user namespace a sandbox runs in.

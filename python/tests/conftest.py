@@ -24,6 +24,29 @@ import belayer
 REPO = Path(__file__).resolve().parents[2]
 
 
+BTRFS_SUPER_MAGIC = 0x9123683E
+
+
+def state_root() -> Path:
+    """Where test daemons keep their state: ``$BELAYER_TEST_STATE_ROOT`` (exported by
+    ``scripts/setup.sh``), else ``/var/lib/belayer/test-runs``; it must be on the btrfs file
+    system set-up mounts, since ``belayerd`` enforces its default disk limit there."""
+    root = Path(os.environ.get("BELAYER_TEST_STATE_ROOT", "/var/lib/belayer/test-runs"))
+    parent = root.parent
+    fs_type = None
+    if parent.is_dir():
+        out = subprocess.run(["stat", "-f", "-c", "%t", str(parent)], capture_output=True, text=True)
+        fs_type = int(out.stdout.strip() or "0", 16) if out.returncode == 0 else None
+    if fs_type != BTRFS_SUPER_MAGIC:
+        raise RuntimeError(
+            f"test state root {root} is not on btrfs, so belayerd cannot enforce disk quotas "
+            "there: run `bash scripts/setup.sh` (it mounts a btrfs image at /var/lib/belayer) "
+            "and use the BELAYER_TEST_STATE_ROOT it exports"
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
 def busybox_rootfs() -> str:
     return os.environ.get(
         "BELAYER_TEST_BUSYBOX_ROOTFS", "/var/cache/belayer/images/busybox/rootfs"
@@ -39,7 +62,7 @@ class Daemon:
         self.belayerd = Path(os.environ.get("BELAYERD", lib_dir / "belayerd"))
         if not self.belayerd.is_file():
             raise RuntimeError(f"{self.belayerd} not built: cargo build --workspace --bins")
-        self.dir = Path(tempfile.mkdtemp(prefix="belayer-py-", dir="/var/tmp"))
+        self.dir = Path(tempfile.mkdtemp(prefix="belayer-py-", dir=state_root()))
         self.socket = str(self.dir / "belayer.sock")
         self.state_dir = self.dir / "state"
         self.log_path = self.dir / "belayerd.log"

@@ -50,6 +50,41 @@ pub fn python_rootfs() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/belayer/images/bookworm-python/rootfs"))
 }
 
+/// Where test daemons keep their state dirs: `BELAYER_TEST_STATE_ROOT` (exported by
+/// `scripts/setup.sh`), else `/var/lib/belayer/test-runs`. It must be on btrfs with quotas (the
+/// file system set-up mounts at `/var/lib/belayer`), since daemons enforce the default disk
+/// limit; panics with a hint to run set-up otherwise.
+pub fn state_root() -> PathBuf {
+    let root = std::env::var_os("BELAYER_TEST_STATE_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/belayer/test-runs"));
+    let parent = root.parent().unwrap_or(&root);
+    if !is_btrfs(parent) {
+        panic!(
+            "test state root {} is not on btrfs, so daemons cannot enforce disk quotas there: \
+             run `bash scripts/setup.sh` (it mounts a btrfs image at /var/lib/belayer) and use \
+             the BELAYER_TEST_STATE_ROOT it exports",
+            root.display()
+        );
+    }
+    std::fs::create_dir_all(&root)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", root.display()));
+    root
+}
+
+/// Whether the existing directory `path` is on btrfs (`statfs` magic `BTRFS_SUPER_MAGIC`).
+pub fn is_btrfs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: an all-zero statfs is a valid value of this plain C struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a live statfs the call writes into.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    rc == 0 && st.f_type as i64 == 0x9123_683e
+}
+
 /// A `belayerd` process with its own socket and state dir; killed and cleaned on drop
 /// (sandboxes are removed first, because they outlive the daemon on purpose).
 #[derive(Debug)]
@@ -85,7 +120,7 @@ impl Daemon {
     fn start_opts(test_hooks: bool, no_bpf: bool) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("belayer-e2e-")
-            .tempdir_in("/var/tmp")
+            .tempdir_in(state_root())
             .expect("tempdir");
         let socket = dir.path().join("belayer.sock");
         let state_dir = dir.path().join("state");

@@ -38,6 +38,10 @@ struct Args {
     /// Do not load the BPF sandbox tracer; detect failures with the pidfd/cgroup fallback.
     #[arg(long, env = "BELAYER_NO_BPF")]
     no_bpf: bool,
+    /// Disk limit of sandboxes whose spec sets none, bytes (K, M, G, T suffixes; 0 = none);
+    /// overrides `default_disk_max_bytes`.
+    #[arg(long, env = "BELAYER_DEFAULT_DISK_MAX", value_parser = belayer_agent::cli::parse_bytes)]
+    default_disk_max: Option<u64>,
 }
 
 fn main() {
@@ -77,6 +81,9 @@ fn run(args: Args) -> Result<()> {
     }
     config.test_hooks |= args.test_hooks;
     config.no_bpf |= args.no_bpf;
+    if let Some(bytes) = args.default_disk_max {
+        config.default_disk_max_bytes = bytes;
+    }
     let mut server_config = ServerConfig::new(&config.socket).max_frame(config.max_frame_bytes);
     if let Some(gid) = config.socket_gid {
         server_config = server_config.group(gid).policy(AccessPolicy::group(gid));

@@ -1,8 +1,9 @@
 //! An agent started inside the `belayer` process when no `belayerd` answers, so that commands
 //! like `belayer bench` (and the rollout driver) need no daemon started by hand.
 //!
-//! It uses a private state dir and socket under the system temp dir and removes its sandboxes
-//! and state when dropped.
+//! It uses a private state dir and socket under `/var/lib/belayer/scratch` (the btrfs state file
+//! system of `scripts/setup.sh`, so sandboxes get their disk quota; see
+//! [`crate::config::scratch_state_dir`]) and removes its sandboxes and state when dropped.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,13 +26,18 @@ pub struct Embedded {
 impl Embedded {
     /// Starts an agent with a fresh state dir.
     pub fn start() -> Result<Embedded> {
-        let state_dir = std::env::temp_dir().join(format!(
-            "belayer-embedded-{}-{}",
-            std::process::id(),
-            crate::sys::random_hex(4)
-        ));
+        let state_dir = crate::config::scratch_state_dir("embedded");
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
+        let started = Self::serve(&state_dir);
+        if started.is_err() {
+            let _ = std::fs::remove_dir_all(&state_dir);
+        }
+        started
+    }
+
+    fn serve(state_dir: &Path) -> Result<Embedded> {
+        let state_dir = state_dir.to_path_buf();
         let socket = state_dir.join("belayer.sock");
         let config = Config {
             socket: socket.clone(),

@@ -123,6 +123,10 @@ pub struct CreateArgs {
     /// Maximum number of processes.
     #[arg(long)]
     pub pids_max: Option<u64>,
+    /// Disk limit in bytes of the sandbox's upper layer (suffixes K, M, G, T accepted; default:
+    /// the daemon's `default_disk_max_bytes`, 10 GiB unless configured).
+    #[arg(long, value_parser = parse_bytes)]
+    pub disk_max: Option<u64>,
     /// Environment variable of every action, K=V (repeatable).
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
@@ -307,6 +311,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 tag: a.tag,
                 cpus: a.cpus,
                 userns: a.userns,
+                disk_max: a.disk_max,
             };
             match call(&mut c, Request::CreateSandbox(spec))? {
                 Response::Sandbox(info) => p.created(&info),
@@ -414,6 +419,20 @@ mod tests {
         .unwrap();
         match cli.command {
             Command::Exec(a) => assert_eq!(a.command, vec!["ls", "-la"]),
+            _ => panic!("wrong command"),
+        }
+        let cli = Cli::try_parse_from([
+            "belayer",
+            "sandbox",
+            "create",
+            "--image",
+            "py",
+            "--disk-max",
+            "64M",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Sandbox(SandboxCmd::Create(a)) => assert_eq!(a.disk_max, Some(64 << 20)),
             _ => panic!("wrong command"),
         }
     }

@@ -59,6 +59,9 @@ pub enum CreateError {
     /// The user namespace could not be made (or no id range is free).
     #[error(transparent)]
     Userns(#[from] crate::userns::UsernsError),
+    /// The disk limit is invalid, cannot be enforced here, or its volume could not be made.
+    #[error(transparent)]
+    Quota(#[from] crate::quota::QuotaError),
     /// Preparing the fresh upper layer (its owner, its `/dev`) failed.
     #[error("cannot prepare the fresh upper layer {path}")]
     Chown {
@@ -80,6 +83,10 @@ impl CreateError {
             CreateError::Userns(crate::userns::UsernsError::PoolExhausted { .. }) => {
                 ErrorCode::InvalidState
             }
+            CreateError::Quota(
+                crate::quota::QuotaError::InvalidLimit { .. }
+                | crate::quota::QuotaError::Unavailable { .. },
+            ) => ErrorCode::BadRequest,
             _ => ErrorCode::Internal,
         }
     }
@@ -113,6 +120,8 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
             UsernsMode::Private
         });
     }
+    // The limit the sandbox keeps for life (restores make their volumes with it).
+    spec.disk_max = crate::quota::resolve_limit(spec.disk_max, rt.config.default_disk_max_bytes)?;
     if spec.cpus.is_some_and(|c| CpuMax::from_cpus(c).is_none()) {
         return Err(CreateError::InvalidSpec(
             "cpus must be between 0.01 and 65536".into(),
@@ -155,6 +164,7 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
     };
     let result = (|| {
         CheckpointStore::open(&paths.checkpoints())?;
+        make_instance_dir(rt, &rec, &paths, 0)?;
         let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
         let (pid, start) = up.spawn_init(rt, &rec, &paths)?;
         rec.init_pid = Some(pid);
@@ -169,13 +179,28 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
             Ok(SandboxSlot::new(rec, paths))
         }
         Err(e) => {
-            let _ = fs::remove_dir_all(&paths.dir);
+            super::remove::delete_sandbox_dir(&paths.dir);
             if let Some(range) = rec.userns {
                 rt.userns.release(range);
             }
             Err(e)
         }
     }
+}
+
+/// Makes the directory of instance `n` (replacing a stale one): a btrfs volume limited to the
+/// sandbox's disk limit (`spec.disk_max`, resolved at creation), which the kernel enforces on
+/// everything the instance writes (`EDQUOT` inside the sandbox past it).
+pub(crate) fn make_instance_dir(
+    rt: &Runtime,
+    rec: &SandboxRecord,
+    paths: &SandboxPaths,
+    n: u32,
+) -> Result<(), crate::quota::QuotaError> {
+    let dir = paths.instance(n);
+    crate::quota::remove_instance_dir(&dir)?;
+    crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, rec.spec.disk_max)?;
+    Ok(())
 }
 
 /// A freshly mounted overlay and cgroup for instance n, torn down on drop unless kept.

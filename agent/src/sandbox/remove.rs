@@ -72,11 +72,28 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
         path: slot.paths.dir.clone(),
         source,
     })?;
-    if let Err(e) = fs::remove_dir_all(&trash) {
-        tracing::warn!(sandbox = %id, path = %trash.display(), error = %e, "cannot delete a removed sandbox yet (the next start retries)");
-    }
+    delete_sandbox_dir(&trash);
     tracing::info!(sandbox = %id, "sandbox removed");
     Ok(())
+}
+
+/// Deletes a sandbox dir that nothing uses any more: its instance dirs (volumes the kernel
+/// deletes) first, then the rest. Failures are logged; the adoption pass retries trash.
+pub fn delete_sandbox_dir(dir: &std::path::Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with("inst-") {
+                if let Err(err) = crate::quota::remove_instance_dir(&e.path()) {
+                    tracing::warn!(path = %e.path().display(), error = %err, "cannot delete an instance");
+                }
+            }
+        }
+    }
+    if let Err(e) = fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %dir.display(), error = %e, "cannot delete a removed sandbox yet (the next start retries)");
+        }
+    }
 }
 
 /// Prefix of removed sandbox dirs awaiting deletion in `state_dir/sandboxes`.

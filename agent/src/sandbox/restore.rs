@@ -178,13 +178,7 @@ pub fn restore(
     //    is verified on a second thread; both before the failed instance is touched, so a
     //    corrupt checkpoint costs the running instance nothing.
     let n = rec.instance + 1;
-    let inst_dir = slot.paths.instance(n);
-    if inst_dir.exists() {
-        fs::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs {
-            path: inst_dir.clone(),
-            source,
-        })?;
-    }
+    super::create::make_instance_dir(rt, &rec, &slot.paths, n).map_err(CreateError::from)?;
     let upper = slot.paths.upper(n);
     fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs {
         path: upper.clone(),
@@ -216,7 +210,7 @@ pub fn restore(
     });
     t.verify = verified.1;
     let discard = |e: RestoreError| {
-        let _ = fs::remove_dir_all(&inst_dir);
+        let _ = crate::quota::remove_instance_dir(&slot.paths.instance(n));
         e
     };
     verified.0.map_err(discard)?;
@@ -450,9 +444,7 @@ pub(crate) fn retire_instance(paths: &SandboxPaths, n: u32) {
         tracing::warn!(path = %merged.display(), error = %e, "cannot unmount old root");
     }
     let dir = paths.instance(n);
-    if let Err(e) = fs::remove_dir_all(&dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(path = %dir.display(), error = %e, "cannot remove old instance");
-        }
+    if let Err(e) = crate::quota::remove_instance_dir(&dir) {
+        tracing::warn!(path = %dir.display(), error = %e, "cannot remove old instance");
     }
 }

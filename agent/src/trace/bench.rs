@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use belayer_ipc::{Event, ExecRequest, Request, Response, SandboxSpec};
 use clap::Args;
 use serde::Serialize;
@@ -75,11 +75,7 @@ struct Bench {
 
 impl Bench {
     fn start(no_bpf: bool) -> Result<Bench> {
-        let state_dir = std::env::temp_dir().join(format!(
-            "belayer-bench-tracer-{}-{}",
-            std::process::id(),
-            crate::sys::random_hex(4)
-        ));
+        let state_dir = crate::config::scratch_state_dir("bench-tracer");
         std::fs::create_dir_all(&state_dir)?;
         let config = Config {
             socket: state_dir.join("unused.sock"),
@@ -87,7 +83,13 @@ impl Bench {
             no_bpf,
             ..Config::default()
         };
-        let agent = Agent::start(config).context("starting an agent")?;
+        let agent = match Agent::start(config) {
+            Ok(agent) => agent,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&state_dir);
+                return Err(anyhow::Error::new(e).context("starting an agent"));
+            }
+        };
         Ok(Bench {
             agent: Some(agent),
             state_dir,

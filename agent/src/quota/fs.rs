@@ -1,0 +1,298 @@
+//! The state dir's file system as a quota domain: probing, enabling, listing and sweeping
+//! qgroups.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use super::sys::{self, le_u32, le_u64};
+use super::volume::Volume;
+use super::QuotaError;
+
+/// How the file system accounts qgroup usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaMode {
+    /// Simple quotas (Linux ≥ 6.7): an extent is charged to the subvolume that allocated it, for
+    /// its whole life; referenced = exclusive.
+    Simple,
+    /// Full qgroups: referenced and exclusive bytes from backref walks at every commit; every
+    /// subvolume reaching an extent is charged for it in "referenced".
+    Full,
+}
+
+/// Usage and limit of one level-0 qgroup, as of the last committed transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Qgroup {
+    /// Subvolume id (the qgroup is `0/<id>`).
+    pub id: u64,
+    /// Referenced bytes.
+    pub referenced: u64,
+    /// Exclusive bytes.
+    pub exclusive: u64,
+    /// Limit on referenced bytes, if one is set.
+    pub max_referenced: Option<u64>,
+}
+
+/// A btrfs file system with quotas on, reached through a directory on it (the state dir).
+///
+/// Probe once at start ([`QuotaFs::probe`] or [`QuotaFs::enable`]); cheap to keep (one fd).
+#[derive(Debug)]
+pub struct QuotaFs {
+    dir: PathBuf,
+    fd: OwnedFd,
+    mode: QuotaMode,
+    inconsistent: bool,
+}
+
+/// `BTRFS_QGROUP_STATUS_FLAG_ON`.
+const STATUS_ON: u64 = 1 << 0;
+/// `BTRFS_QGROUP_STATUS_FLAG_INCONSISTENT`.
+const STATUS_INCONSISTENT: u64 = 1 << 2;
+/// `BTRFS_QGROUP_STATUS_FLAG_SIMPLE_MODE`.
+const STATUS_SIMPLE_MODE: u64 = 1 << 3;
+/// `BTRFS_QGROUP_LIMIT_MAX_RFER` in a limit item.
+const LIMIT_MAX_RFER: u64 = 1 << 0;
+/// Subvolume ids are at least `BTRFS_FIRST_FREE_OBJECTID`...
+const FIRST_SUBVOL: u64 = 256;
+/// ...and at most `BTRFS_LAST_FREE_OBJECTID` (-256).
+const LAST_SUBVOL: u64 = u64::MAX - 255;
+/// Byte offset of `refs` (le32) in `struct btrfs_root_item`: after the 160-byte inode item and
+/// seven le64 fields (generation, root_dirid, bytenr, byte_limit, bytes_used, last_snapshot,
+/// flags).
+const ROOT_ITEM_REFS: usize = 160 + 7 * 8;
+
+impl QuotaFs {
+    /// Checks that `dir` is on btrfs with quotas on, without changing anything.
+    ///
+    /// Errors: [`QuotaError::Open`], [`QuotaError::NotBtrfs`] (e.g. ext4, xfs, tmpfs),
+    /// [`QuotaError::Disabled`] (btrfs with quotas off), [`QuotaError::Probe`] (the quota tree
+    /// could not be read: needs `CAP_SYS_ADMIN`).
+    pub fn probe(dir: &Path) -> Result<QuotaFs, QuotaError> {
+        let fd = open_dir(dir)?;
+        let fs_type = sys::fs_type(fd.as_fd()).map_err(|source| QuotaError::Probe {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if fs_type != sys::BTRFS_SUPER_MAGIC {
+            return Err(QuotaError::NotBtrfs {
+                path: dir.to_path_buf(),
+                fs_type,
+            });
+        }
+        match status(&fd, dir)? {
+            None => Err(QuotaError::Disabled {
+                path: dir.to_path_buf(),
+            }),
+            Some(flags) => Ok(QuotaFs {
+                dir: dir.to_path_buf(),
+                fd,
+                mode: if flags & STATUS_SIMPLE_MODE != 0 {
+                    QuotaMode::Simple
+                } else {
+                    QuotaMode::Full
+                },
+                inconsistent: flags & STATUS_INCONSISTENT != 0,
+            }),
+        }
+    }
+
+    /// Like [`QuotaFs::probe`], but turns quotas on when `dir` is on btrfs with quotas off:
+    /// simple quotas where the kernel has them (≥ 6.7), else full qgroups (which start a
+    /// rescan of existing data). Quotas that are already on are kept in their mode.
+    ///
+    /// Errors: as [`QuotaFs::probe`], plus [`QuotaError::Enable`].
+    pub fn enable(dir: &Path) -> Result<QuotaFs, QuotaError> {
+        match Self::probe(dir) {
+            Err(QuotaError::Disabled { .. }) => {}
+            other => return other,
+        }
+        let fd = open_dir(dir)?;
+        let enable_err = |source| QuotaError::Enable {
+            path: dir.to_path_buf(),
+            source,
+        };
+        match sys::quota_ctl(fd.as_fd(), sys::QUOTA_CTL_ENABLE_SIMPLE) {
+            Ok(()) => {}
+            // Kernels before 6.7 do not know the simple-quota command.
+            Err(e)
+                if matches!(
+                    e.source.raw_os_error(),
+                    Some(libc::EINVAL | libc::EOPNOTSUPP)
+                ) =>
+            {
+                sys::quota_ctl(fd.as_fd(), sys::QUOTA_CTL_ENABLE).map_err(enable_err)?
+            }
+            Err(e) => return Err(enable_err(e)),
+        }
+        tracing::info!(state_dir = %dir.display(), "enabled btrfs quotas");
+        Self::probe(dir)
+    }
+
+    /// The directory this was probed through.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The accounting mode (see the module docs for what each charges).
+    pub fn mode(&self) -> QuotaMode {
+        self.mode
+    }
+
+    /// Whether the kernel flagged qgroup numbers inconsistent when probed (full mode after
+    /// certain operations; limits then act on stale numbers until a rescan).
+    pub fn inconsistent(&self) -> bool {
+        self.inconsistent
+    }
+
+    /// Creates the subvolume `path` (its parent must exist on this file system, its name must
+    /// be new) with a limit of `limit` referenced bytes (`None`: unlimited, usage still
+    /// accounted). See [`Volume::create`].
+    pub fn create_volume(&self, path: &Path, limit: Option<u64>) -> Result<Volume, QuotaError> {
+        Volume::create(path, limit)
+    }
+
+    /// Opens the existing subvolume `path`. See [`Volume::open`].
+    pub fn open_volume(&self, path: &Path) -> Result<Volume, QuotaError> {
+        Volume::open(path)
+    }
+
+    /// Every level-0 qgroup (one per subvolume, live or stale), as of the last commit.
+    ///
+    /// Errors: [`QuotaError::Qgroups`].
+    pub fn qgroups(&self) -> Result<Vec<Qgroup>, QuotaError> {
+        qgroups(&self.fd, None).map_err(|source| QuotaError::Qgroups {
+            path: self.dir.clone(),
+            source,
+        })
+    }
+
+    /// Removes stale qgroups: level-0 qgroups whose subvolume is gone and which account no
+    /// bytes. The kernel (6.18) removes a deleted subvolume's qgroup itself only when the
+    /// subvolume's extents are all freed by the time the cleaner drops it; when some were still
+    /// shared (reflinked into the blob store, say), the qgroup stays, first with those bytes, at
+    /// 0 bytes once they are freed too, and the kernel never removes it then. A qgroup the
+    /// kernel refuses to remove (`EBUSY`: bytes still accounted, or the subvolume is still
+    /// being dropped) is left for a later sweep. Returns how many were removed.
+    ///
+    /// Errors: [`QuotaError::Qgroups`] when the trees cannot be read.
+    pub fn sweep_stale(&self) -> Result<usize, QuotaError> {
+        let err = |source| QuotaError::Qgroups {
+            path: self.dir.clone(),
+            source,
+        };
+        let groups = qgroups(&self.fd, None).map_err(err)?;
+        let live = live_subvolumes(&self.fd).map_err(err)?;
+        let mut removed = 0;
+        for g in groups {
+            if live.contains(&g.id) || g.referenced != 0 || g.exclusive != 0 {
+                continue;
+            }
+            match sys::qgroup_remove(self.fd.as_fd(), g.id) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::debug!(qgroup = g.id, error = %e, "stale qgroup not removed yet")
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Writes back dirty data and commits the current transaction, so that [`Volume::usage`]
+    /// and [`QuotaFs::qgroups`] are current (`BTRFS_IOC_SYNC`: costly on a busy file system;
+    /// limits are enforced without it).
+    ///
+    /// Errors: [`QuotaError::Commit`].
+    pub fn commit(&self) -> Result<(), QuotaError> {
+        sys::sync(self.fd.as_fd()).map_err(|source| QuotaError::Commit {
+            path: self.dir.clone(),
+            source,
+        })
+    }
+}
+
+fn open_dir(dir: &Path) -> Result<OwnedFd, QuotaError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map(OwnedFd::from)
+        .map_err(|source| QuotaError::Open {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// Flags of the quota status item, `None` when quotas are off (no quota tree).
+fn status(fd: &OwnedFd, dir: &Path) -> Result<Option<u64>, QuotaError> {
+    let key = (0, sys::QGROUP_STATUS_KEY, 0);
+    match sys::tree_search(fd.as_fd(), sys::QUOTA_TREE, key, key) {
+        Ok(items) => Ok(items
+            .iter()
+            .find(|i| i.kind == sys::QGROUP_STATUS_KEY)
+            .map(|i| le_u64(&i.data, 16))
+            .filter(|flags| flags & STATUS_ON != 0)),
+        Err(e) if e.source.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(source) => Err(QuotaError::Probe {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Level-0 qgroups (all, or only `only`), merged from their info and limit items.
+pub(super) fn qgroups(
+    fd: &OwnedFd,
+    only: Option<u64>,
+) -> Result<Vec<Qgroup>, crate::sys::SyscallError> {
+    let (lo, hi) = only.map_or((0, (1u64 << 48) - 1), |id| (id, id));
+    let info = sys::tree_search(
+        fd.as_fd(),
+        sys::QUOTA_TREE,
+        (0, sys::QGROUP_INFO_KEY, lo),
+        (0, sys::QGROUP_INFO_KEY, hi),
+    )?;
+    let limits = sys::tree_search(
+        fd.as_fd(),
+        sys::QUOTA_TREE,
+        (0, sys::QGROUP_LIMIT_KEY, lo),
+        (0, sys::QGROUP_LIMIT_KEY, hi),
+    )?;
+    let mut out: Vec<Qgroup> = info
+        .iter()
+        .filter(|i| i.kind == sys::QGROUP_INFO_KEY && (lo..=hi).contains(&i.offset))
+        .map(|i| Qgroup {
+            id: i.offset,
+            referenced: le_u64(&i.data, 8),
+            exclusive: le_u64(&i.data, 24),
+            max_referenced: None,
+        })
+        .collect();
+    for l in limits
+        .iter()
+        .filter(|i| i.kind == sys::QGROUP_LIMIT_KEY && (lo..=hi).contains(&i.offset))
+    {
+        if let Some(g) = out.iter_mut().find(|g| g.id == l.offset) {
+            if le_u64(&l.data, 0) & LIMIT_MAX_RFER != 0 {
+                g.max_referenced = Some(le_u64(&l.data, 8));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Ids of the subvolumes that exist and are not being deleted (root item with `refs > 0`).
+fn live_subvolumes(fd: &OwnedFd) -> Result<HashSet<u64>, crate::sys::SyscallError> {
+    let items = sys::tree_search(
+        fd.as_fd(),
+        sys::ROOT_TREE,
+        (FIRST_SUBVOL, sys::ROOT_ITEM_KEY, 0),
+        (LAST_SUBVOL, sys::ROOT_ITEM_KEY, u64::MAX),
+    )?;
+    Ok(items
+        .iter()
+        .filter(|i| i.kind == sys::ROOT_ITEM_KEY && le_u32(&i.data, ROOT_ITEM_REFS) > 0)
+        .map(|i| i.objectid)
+        .collect())
+}
