@@ -292,15 +292,22 @@ mod tests {
         assert!(c.validate().is_ok());
         c.cgroup_parent = "../x".into();
         assert!(c.validate().is_err());
-        let mut c = Config::default();
-        c.userns = "shared".into();
-        assert!(c.validate().is_err());
-        let mut c = Config::default();
-        c.userns_count = u32::MAX;
-        assert!(c.validate().is_err());
-        let mut c = Config::default();
-        c.default_cpus = f64::NAN;
-        assert!(c.validate().is_err());
+        for bad in [
+            Config {
+                userns: "shared".into(),
+                ..Config::default()
+            },
+            Config {
+                userns_count: u32::MAX,
+                ..Config::default()
+            },
+            Config {
+                default_cpus: f64::NAN,
+                ..Config::default()
+            },
+        ] {
+            assert!(bad.validate().is_err());
+        }
         let mut c = Config {
             default_disk_max_bytes: 4096,
             ..Config::default()

@@ -255,10 +255,13 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SyscallError> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Lines of a `uid_map` or `gid_map`: `(inside, outside, count)`.
+pub type IdMap = Vec<[u32; 3]>;
+
 /// The id maps of process `pid` (`/proc/<pid>/uid_map`, `gid_map`) as `(inside, outside,
 /// count)` triples; `None` when the process is gone.
-pub fn maps_of(pid: i32) -> Option<(Vec<[u32; 3]>, Vec<[u32; 3]>)> {
-    let read = |file: &str| -> Option<Vec<[u32; 3]>> {
+pub fn maps_of(pid: i32) -> Option<(IdMap, IdMap)> {
+    let read = |file: &str| -> Option<IdMap> {
         let text = fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
         text.lines()
             .map(|l| {

@@ -22,7 +22,7 @@ impl CpuMax {
 
     /// `cpus` CPUs (e.g. `1.5`); `None` for a value that is not finite or below 0.01.
     pub fn from_cpus(cpus: f64) -> Option<CpuMax> {
-        if !cpus.is_finite() || cpus < 0.01 || cpus > 65_536.0 {
+        if !cpus.is_finite() || !(0.01..=65_536.0).contains(&cpus) {
             return None;
         }
         Some(CpuMax {
