@@ -8,7 +8,8 @@
 //!    instance is touched;
 //! 3. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete),
 //!    then mount the fresh instance's overlay and create its cgroup;
-//! 4. CRIU-restore R_k into it (`--root` the new merged dir);
+//! 4. check every path of R_k beneath the new merged dir (`belayer_criu::validate_restore_paths`),
+//!    then CRIU-restore R_k into it (`--root` the new merged dir);
 //! 5. hand back L_k.
 //!
 //! Without a ready checkpoint the sandbox restarts from its base image (k = 0) in a fresh
@@ -86,6 +87,16 @@ pub enum RestoreError {
         #[source]
         source: belayer_criu::RestoreError,
     },
+    /// A path of the checkpoint's CRIU images would make the restore (host root) create,
+    /// open or remove something outside the fresh root, or cannot be checked; CRIU did not run.
+    #[error("CRIU images of the ready checkpoint of sandbox {id} are refused")]
+    UnsafeImages {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_criu::UnsafeImagePath,
+    },
     /// Re-capturing the restored upper layer for the validity check failed.
     #[error("cannot re-capture the restored upper layer of sandbox {id}")]
     Verify {
@@ -132,6 +143,10 @@ impl RestoreError {
                 source: belayer_overlay::InstallError::Blob { .. },
                 ..
             } => ErrorCode::CorruptCheckpoint,
+            // Images that fail the path check fail it on every try: the checkpoint is unusable.
+            RestoreError::UnsafeImages { source, .. } if source.is_image_fault() => {
+                ErrorCode::CorruptCheckpoint
+            }
             _ => ErrorCode::RestoreFailed,
         }
     }
@@ -286,6 +301,12 @@ pub fn restore(
                     std::os::fd::AsRawFd::as_raw_fd(&netns)
                 ))
                 .join_cgroups(cgroup_dirs);
+            belayer_criu::validate_restore_paths(&images, &slot.paths.merged(n)).map_err(
+                |source| RestoreError::UnsafeImages {
+                    id: id.clone(),
+                    source,
+                },
+            )?;
             let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
                 id: id.clone(),
                 source,
