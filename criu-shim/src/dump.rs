@@ -495,6 +495,21 @@ mod tests {
     }
 
     #[test]
+    fn no_option_lets_criu_write_link_remaps_into_the_tree() {
+        // --link-remap would make CRIU hard-link files at paths resolved through the
+        // sandbox's symbolic links (absolute ones from the host root) while dumping.
+        let req = DumpRequest::new(7, "/i", "/w")
+            .freeze_cgroup("/cg")
+            .tcp_established(true)
+            .file_locks(true)
+            .manage_cgroups(true);
+        for r in [DumpRequest::new(7, "/i", "/w"), req] {
+            let joined = strings(&r.args()).join(" ");
+            assert!(!joined.contains("link-remap"), "{joined}");
+        }
+    }
+
+    #[test]
     fn parses_display_stats() {
         assert_eq!(stat_value(STATS, "Frozen time:"), Some(8146));
         assert_eq!(stat_value(STATS, "Memory pages written:"), Some(60));
