@@ -271,7 +271,9 @@ impl DumpRequest {
 
     /// The `criu` arguments for this request.
     pub(crate) fn args(&self) -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec!["dump".into()];
+        // A host CRIU config (/etc/criu/default.conf, ~/.criu/default.conf) must not add options
+        // to what is described here (e.g. --link-remap).
+        let mut a: Vec<OsString> = vec!["dump".into(), "--no-default-config".into()];
         push(&mut a, "--tree", self.pid.to_string());
         push(&mut a, "--images-dir", &self.images_dir);
         push(&mut a, "--work-dir", &self.work_dir);
@@ -459,7 +461,7 @@ mod tests {
         let args = strings(&DumpRequest::new(42, "/ck/img", "/ck/work").args());
         let joined = args.join(" ");
         assert!(joined.starts_with(
-            "dump --tree 42 --images-dir /ck/img --work-dir /ck/work --log-file dump.log -v4"
+            "dump --no-default-config --tree 42 --images-dir /ck/img --work-dir /ck/work --log-file dump.log -v4"
         ));
         for expected in [
             "--leave-running",
@@ -509,6 +511,21 @@ mod tests {
         assert!(!joined.contains("--leave-running"));
         assert!(!joined.contains("--ext-mount-map"));
         assert_eq!(req.log_path(), PathBuf::from("/w/dump.log"));
+    }
+
+    #[test]
+    fn no_option_lets_criu_write_link_remaps_into_the_tree() {
+        // --link-remap would make CRIU hard-link files at paths resolved through the
+        // sandbox's symbolic links (absolute ones from the host root) while dumping.
+        let req = DumpRequest::new(7, "/i", "/w")
+            .freeze_cgroup("/cg")
+            .tcp_established(true)
+            .file_locks(true)
+            .manage_cgroups(true);
+        for r in [DumpRequest::new(7, "/i", "/w"), req] {
+            let joined = strings(&r.args()).join(" ");
+            assert!(!joined.contains("link-remap"), "{joined}");
+        }
     }
 
     #[test]

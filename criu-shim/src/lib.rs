@@ -50,6 +50,16 @@
 //!   the failed sandbox.
 //! - `--display-stats`: CRIU's own frozen time and page counts, reported in [`DumpStats`].
 //! - `--tcp-established`, `--file-locks`, `--network-lock`: off / CRIU's default unless asked for.
+//! - never `--link-remap` (dump): with it, CRIU would hard-link a deleted-but-linked file at a
+//!   name it builds from the file's path, resolved from the tree's root but with absolute
+//!   symbolic links of the sandbox resolved from the host root; without it such a dump fails.
+//!
+//! # Restoring hostile images
+//! Part of a restore runs as host root from the host's root directory with paths from the
+//! images (ghost files of deleted-but-open files, their removal, tmpfs extraction, deleted
+//! bind-mount sources). [`validate_restore_paths`] checks every path a restore will create,
+//! open, bind or remove against the fresh root before CRIU runs; call it right before
+//! [`Criu::restore`] (module [`images`] lists CRIU's path operations and how each is covered).
 //!
 //! What CRIU demands of the tree (the sandbox code must provide it): the root task enters its root
 //! with `pivot_root`, not `chroot`; it is a session leader inside its pid namespace (`setsid`); it
@@ -74,14 +84,17 @@
 //!
 //! # Dependencies
 //! - `nix`: mounts, `unshare`, `statfs` and `write` for the kdat cache and for joining cgroups
-//!   between fork and exec, with typed errnos.
+//!   between fork and exec, `openat2` for the image path check, with typed errnos.
 //! - `libc`: `close_range(CLOSE_RANGE_CLOEXEC)`, which `nix` lacks, so no caller fd leaks into CRIU.
 //! - `thiserror`: the error enums. `tracing`: debug events per CRIU run (library: no subscriber).
+//! - `tar`, `flate2`: reading the gzip'd tmpfs archives of an images dir to check their members
+//!   and to model the tmpfs for later path checks (the same crates the agent uses for layers).
 //! - `tempfile` (tests only): scratch images and work dirs.
 #![warn(missing_docs)]
 
 mod dump;
 mod gate;
+pub mod images;
 pub mod kdat;
 mod locate;
 pub mod log;
@@ -92,6 +105,10 @@ mod sys;
 
 pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUMP_LOG};
 pub use gate::{abort_gated_dump, GatedDumpError};
+pub use images::{
+    validate_restore_paths, ImagePathReport, PathOp, UnsafeImagePath, UnsafeKind,
+    ALLOWED_CHAR_DEVICES,
+};
 pub use kdat::{KdatCache, KdatError, KdatMode};
 pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN_MAJOR_VERSION};
 pub use log::{LogLevel, LogTail};

@@ -267,7 +267,9 @@ impl RestoreRequest {
 
     /// The `criu` arguments for this request.
     fn args(&self) -> Vec<OsString> {
-        let mut a: Vec<OsString> = vec!["restore".into()];
+        // A host CRIU config (/etc/criu/default.conf, ~/.criu/default.conf) must not add options
+        // to what is described here (e.g. --link-remap).
+        let mut a: Vec<OsString> = vec!["restore".into(), "--no-default-config".into()];
         push(&mut a, "--images-dir", &self.images_dir);
         push(&mut a, "--work-dir", &self.work_dir);
         push(&mut a, "--log-file", RESTORE_LOG);
@@ -426,7 +428,7 @@ mod tests {
     fn default_args_restore_detached_as_a_sibling_with_a_pidfile() {
         let args = joined(&RestoreRequest::new("/ck/img", "/ck/work"));
         assert!(args.starts_with(
-            "restore --images-dir /ck/img --work-dir /ck/work --log-file restore.log -v4"
+            "restore --no-default-config --images-dir /ck/img --work-dir /ck/work --log-file restore.log -v4"
         ));
         for expected in [
             "--restore-detached",

@@ -27,7 +27,7 @@ pub struct SyscallError {
 }
 
 impl SyscallError {
-    fn new(call: &'static str, errno: Errno) -> Self {
+    pub(crate) fn new(call: &'static str, errno: Errno) -> Self {
         Self {
             call,
             source: io::Error::from(errno),

@@ -225,6 +225,21 @@ impl Instance {
         n: u32,
         lower: &Path,
     ) -> Result<Instance, CreateError> {
+        let mut instance = Self::mount_only(rt, rec, paths, n, lower)?;
+        instance.create_cgroup(rec)?;
+        Ok(instance)
+    }
+
+    /// Like [`Self::prepare`] without the cgroup, which a restore creates with
+    /// [`Self::create_cgroup`] only once the old instance's cgroup is gone: the new root can
+    /// be mounted and checked while the old instance still stands.
+    pub(crate) fn mount_only(
+        rt: &Runtime,
+        rec: &SandboxRecord,
+        paths: &SandboxPaths,
+        n: u32,
+        lower: &Path,
+    ) -> Result<Instance, CreateError> {
         let _ = rt;
         let upper = paths.upper(n);
         // Fresh: missing or empty (a restore without checkpoint makes an empty one); an
@@ -258,13 +273,18 @@ impl Instance {
         };
         let mount =
             OverlayMount::mount_with(&[lower], &upper, &paths.work(n), &paths.merged(n), &opts)?;
-        let cgroup = SandboxCgroup::create(&rec.cgroup, &rec.limits())?;
         Ok(Instance {
             mount: Some(mount),
-            cgroup: Some(cgroup),
+            cgroup: None,
             userns,
             n,
         })
+    }
+
+    /// Creates the instance's cgroup with the record's limits.
+    pub(crate) fn create_cgroup(&mut self, rec: &SandboxRecord) -> Result<(), CreateError> {
+        self.cgroup = Some(SandboxCgroup::create(&rec.cgroup, &rec.limits())?);
+        Ok(())
     }
 
     /// The cgroup.

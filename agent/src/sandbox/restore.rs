@@ -8,7 +8,8 @@
 //!    instance is touched;
 //! 3. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete),
 //!    then mount the fresh instance's overlay and create its cgroup;
-//! 4. CRIU-restore R_k into it (`--root` the new merged dir);
+//! 4. check every path of R_k beneath the new merged dir (`belayer_criu::validate_restore_paths`),
+//!    then CRIU-restore R_k into it (`--root` the new merged dir);
 //! 5. hand back L_k.
 //!
 //! Without a ready checkpoint the sandbox restarts from its base image (k = 0) in a fresh
@@ -86,6 +87,16 @@ pub enum RestoreError {
         #[source]
         source: belayer_criu::RestoreError,
     },
+    /// A path of the checkpoint's CRIU images would make the restore (host root) create,
+    /// open or remove something outside the fresh root, or cannot be checked; CRIU did not run.
+    #[error("CRIU images of the ready checkpoint of sandbox {id} are refused")]
+    UnsafeImages {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_criu::UnsafeImagePath,
+    },
     /// Re-capturing the restored upper layer for the validity check failed.
     #[error("cannot re-capture the restored upper layer of sandbox {id}")]
     Verify {
@@ -132,6 +143,10 @@ impl RestoreError {
                 source: belayer_overlay::InstallError::Blob { .. },
                 ..
             } => ErrorCode::CorruptCheckpoint,
+            // Images that fail the path check fail it on every try: the checkpoint is unusable.
+            RestoreError::UnsafeImages { source, .. } if source.is_image_fault() => {
+                ErrorCode::CorruptCheckpoint
+            }
             _ => ErrorCode::RestoreFailed,
         }
     }
@@ -233,7 +248,25 @@ pub fn restore(
         _ => None,
     };
 
-    // 3. Tear down the failed instance (untraced: these kills are the agent's own).
+    // 3. The fresh root, and every path R_k's restore will touch checked against it (no
+    //    sandbox process exists there yet, so nothing can change it before CRIU runs), while
+    //    the old instance still stands: a refused checkpoint costs it nothing.
+    let mut snapshot = rec.clone();
+    snapshot.instance = n;
+    let mut instance = Instance::mount_only(rt, &snapshot, &slot.paths, n, &lower)
+        .map_err(|e| discard(e.into()))?;
+    if let Some(m) = &manifest {
+        let images = store.path(&m.checkpoint).join("criu");
+        if let Err(source) = belayer_criu::validate_restore_paths(&images, &slot.paths.merged(n)) {
+            drop(instance);
+            return Err(discard(RestoreError::UnsafeImages {
+                id: id.clone(),
+                source,
+            }));
+        }
+    }
+
+    // 4. Tear down the failed instance (untraced: these kills are the agent's own).
     slot.set_transient(SandboxState::Restoring);
     let mut restoring = RestoringGuard { slot, done: false };
     rt.tracer.untrack(&id);
@@ -243,11 +276,9 @@ pub fn restore(
         source,
     })?;
     t.teardown = ms(t_down);
-    let mut snapshot = slot.record().clone();
-    snapshot.instance = n;
-    let instance = Instance::prepare(rt, &snapshot, &slot.paths, n, &lower)?;
+    instance.create_cgroup(&snapshot)?;
 
-    // 4. Processes.
+    // 5. Processes.
     slot.set_layer_base(base);
     let t_criu = Instant::now();
     let mut restored_processes = None;
@@ -265,7 +296,6 @@ pub fn restore(
                     id: id.clone(),
                     source,
                 })?;
-            let mut instance = instance;
             let cgroup_dirs = instance
                 .cgroup()
                 .procs_files()
