@@ -98,6 +98,20 @@ pub struct Daemon {
     log: PathBuf,
     test_hooks: bool,
     no_bpf: bool,
+    config: Option<PathBuf>,
+}
+
+/// How [`Daemon::start_options`] starts a daemon.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    /// Honour test-fault hooks.
+    pub test_hooks: bool,
+    /// Use the tracer's fallback instead of BPF.
+    pub no_bpf: bool,
+    /// TOML of the daemon's config file (empty: none).
+    pub config: String,
+    /// State dir (default: `state` in the daemon's temp dir on [`state_root`]).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -118,21 +132,36 @@ impl Daemon {
     }
 
     fn start_opts(test_hooks: bool, no_bpf: bool) -> Daemon {
+        Self::start_options(DaemonOptions {
+            test_hooks,
+            no_bpf,
+            ..DaemonOptions::default()
+        })
+    }
+
+    /// Starts a daemon as `opts` say.
+    pub fn start_options(opts: DaemonOptions) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("belayer-e2e-")
             .tempdir_in(state_root())
             .expect("tempdir");
         let socket = dir.path().join("belayer.sock");
-        let state_dir = dir.path().join("state");
+        let state_dir = opts.state_dir.unwrap_or_else(|| dir.path().join("state"));
         let log = dir.path().join("belayerd.log");
+        let config = (!opts.config.is_empty()).then(|| {
+            let path = dir.path().join("belayer.toml");
+            std::fs::write(&path, &opts.config).expect("config");
+            path
+        });
         let mut d = Daemon {
             socket,
             state_dir,
             dir,
             child: None,
             log,
-            test_hooks,
-            no_bpf,
+            test_hooks: opts.test_hooks,
+            no_bpf: opts.no_bpf,
+            config,
         };
         d.spawn();
         d
@@ -163,7 +192,7 @@ impl Daemon {
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--config")
-            .arg("/dev/null")
+            .arg(self.config.as_deref().unwrap_or(Path::new("/dev/null")))
             .env("BELAYER_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -194,6 +223,11 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Host pid of the daemon process (0 when it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// The daemon's log so far.

@@ -71,6 +71,17 @@ pub const READ_ONLY: &[&str] = &["proc/bus", "proc/fs", "proc/irq", "proc/sys"];
 
 const NONE: Option<&str> = None;
 
+/// The host paths a sandbox's mount tree binds (its devices, `/dev/null` over masked files,
+/// [`EMPTY_DIR`] over masked directories) and whether each is a directory: what a restore may
+/// bind again (`belayer_criu::validate_restore_paths_allowing`).
+pub fn host_binds() -> Vec<(String, bool)> {
+    crate::cgroup::ALLOWED_DEVICES
+        .iter()
+        .map(|(_, _, name)| (format!("/dev/{name}"), false))
+        .chain(std::iter::once((EMPTY_DIR.to_string(), true)))
+        .collect()
+}
+
 /// Builds the sandbox root at `root` (the merged overlay dir, as seen before `pivot_root`)
 /// and enters it; see the module docs. Runs in pid 1 of the sandbox's pid namespace, whose
 /// cwd is already `root` (entered by host root: the sandbox's root could not traverse the

@@ -163,6 +163,7 @@ pub fn checkpoint(
     }
     let started = Instant::now();
     let _op = slot.lock_op();
+    slot.drain_outputs();
     let rec = slot.refresh();
     if !rec.state.can_checkpoint() || !rec.init_alive() {
         let state = if rec.state == SandboxState::Running {

@@ -118,6 +118,7 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         return Err(ExecError::Invalid("cwd must be an absolute path".into()));
     }
     let _op = slot.lock_op();
+    slot.drain_outputs();
     let rec = slot.refresh();
     if !rec.state.can_exec() || !rec.init_alive() {
         let state = if rec.state == SandboxState::Running {
@@ -233,6 +234,8 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
 
     let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;
     let (err, t2) = read_bounded(&stderr, limit).map_err(helper_err)?;
+    slot.keep_output(stdout);
+    slot.keep_output(stderr);
     tracing::debug!(sandbox = %rec.id, exit = status.exit_code, duration_ms, dirty = ?verdict.dirty, "action finished");
     Ok(ExecResult {
         exit_code: status.exit_code,

@@ -264,7 +264,13 @@ pub struct SandboxSlot {
     /// Base of the next incremental upper-layer capture: the layer manifest of the last
     /// checkpoint or restore of instance `.0`, keyed to that instance's inodes.
     layer_base: Mutex<Option<(u32, Arc<LayerManifest>)>>,
+    /// Output memfds of recent actions, which processes the actions left in the background
+    /// may still write to: emptied at the start of every later verb ([`Self::drain_outputs`]).
+    outputs: Mutex<std::collections::VecDeque<fs::File>>,
 }
+
+/// How many recent actions' output memfds a sandbox keeps emptying.
+const KEPT_OUTPUTS: usize = 32;
 
 impl SandboxSlot {
     /// Wraps a record.
@@ -274,6 +280,7 @@ impl SandboxSlot {
             rec: Mutex::new(rec),
             paths,
             layer_base: Mutex::new(None),
+            outputs: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
@@ -294,6 +301,27 @@ impl SandboxSlot {
     /// Records the base for the next incremental capture (`None`: capture fully next time).
     pub fn set_layer_base(&self, base: Option<(u32, Arc<LayerManifest>)>) {
         *self.layer_base.lock().unwrap_or_else(|p| p.into_inner()) = base;
+    }
+
+    /// Keeps an action's output memfd: a background writer the action left keeps writing
+    /// into it after the answer went out, and nobody reads that.
+    pub fn keep_output(&self, memfd: fs::File) {
+        let mut outputs = self.outputs.lock().unwrap_or_else(|p| p.into_inner());
+        if outputs.len() == KEPT_OUTPUTS {
+            outputs.pop_front();
+        }
+        outputs.push_back(memfd);
+    }
+
+    /// Empties the kept output memfds (`ftruncate` to 0): what background writers wrote since
+    /// the last verb is dropped, so their output holds no more memory than one verb's worth
+    /// (the pages are charged to the sandbox's memory limit meanwhile) and checkpoints do not
+    /// carry it. Writers are not disturbed: their next write lands at their own offset.
+    pub fn drain_outputs(&self) {
+        let outputs = self.outputs.lock().unwrap_or_else(|p| p.into_inner());
+        for f in outputs.iter() {
+            let _ = f.set_len(0);
+        }
     }
 
     /// Locks the record.

@@ -257,7 +257,17 @@ pub fn restore(
         .map_err(|e| discard(e.into()))?;
     if let Some(m) = &manifest {
         let images = store.path(&m.checkpoint).join("criu");
-        if let Err(source) = belayer_criu::validate_restore_paths(&images, &slot.paths.merged(n)) {
+        let host_binds = crate::helper::mount::host_binds();
+        let binds: Vec<belayer_criu::AllowedBind<'_>> = host_binds
+            .iter()
+            .map(|(host_path, dir)| belayer_criu::AllowedBind {
+                host_path,
+                dir: *dir,
+            })
+            .collect();
+        let checked =
+            belayer_criu::validate_restore_paths_allowing(&images, &slot.paths.merged(n), &binds);
+        if let Err(source) = checked {
             drop(instance);
             return Err(discard(RestoreError::UnsafeImages {
                 id: id.clone(),

@@ -94,6 +94,22 @@ pub(crate) enum Fs {
     Tar(TarTree),
     /// A procfs.
     Proc,
+    /// A bind of an allow-listed host file or empty directory (an external mount CRIU binds
+    /// from the same host path at restore): its root is `Other` (a file) or `Dir`, and nothing
+    /// exists or may be created below it.
+    External {
+        /// The mount's root inside its file system.
+        root: Comps,
+        /// Whether it is a directory.
+        dir: bool,
+    },
+}
+
+impl Fs {
+    /// Whether the restore must not create anything here (procfs, host binds).
+    pub(crate) fn refuses_creation(&self) -> bool {
+        matches!(self, Fs::Proc | Fs::External { .. })
+    }
 }
 
 /// One mount: which file system, from which directory of it, where in the namespace.
@@ -177,6 +193,11 @@ impl World {
         let entry = match &self.fss[fs] {
             Fs::Tar(t) => t.get(comps),
             Fs::Proc => proc_entry(comps),
+            Fs::External { root, dir } => match comps.strip_prefix(root.as_slice()) {
+                Some([]) if *dir => Entry::Dir,
+                Some([]) => Entry::Other,
+                _ => Entry::Missing,
+            },
             Fs::Root { fd, no_xdev } => {
                 self.lookups += 1;
                 root_lookup(fd, comps, *no_xdev)?

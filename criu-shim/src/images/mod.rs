@@ -100,5 +100,6 @@ mod validate;
 mod wire;
 
 pub use error::{PathOp, UnsafeImagePath, UnsafeKind};
+pub use mounts::AllowedBind;
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
-pub use validate::{validate_restore_paths, ImagePathReport};
+pub use validate::{validate_restore_paths, validate_restore_paths_allowing, ImagePathReport};

@@ -15,7 +15,7 @@ use super::entries::{
 };
 use super::error::{PathOp, UnsafeImagePath, UnsafeKind};
 use super::fs::{show, split, Comps, Entry, Fs, Mount, Walk, WalkError, World};
-use super::mounts;
+use super::mounts::{self, AllowedBind};
 use super::tmpfs::ALLOWED_CHAR_DEVICES;
 use super::wire::{self, Image, ImageError, WireError};
 use crate::SyscallError;
@@ -85,6 +85,19 @@ pub fn validate_restore_paths(
     images_dir: &Path,
     root: &Path,
 ) -> Result<ImagePathReport, UnsafeImagePath> {
+    validate_restore_paths_allowing(images_dir, root, &[])
+}
+
+/// [`validate_restore_paths`] for a tree that also holds binds of host paths the caller put
+/// there on purpose (`allowed`: e.g. `/dev/null` over a device placeholder, an empty host
+/// directory over a masked `/proc` directory): CRIU records them as external mounts and binds
+/// the same host paths again at restore. Those mount points are checked like any other; the
+/// restore may create nothing below them; every other external mount is refused.
+pub fn validate_restore_paths_allowing(
+    images_dir: &Path,
+    root: &Path,
+    allowed: &[AllowedBind<'_>],
+) -> Result<ImagePathReport, UnsafeImagePath> {
     let started = Instant::now();
     let root_fd: OwnedFd = nix::fcntl::open(
         root,
@@ -116,7 +129,7 @@ pub fn validate_restore_paths(
         [name] => {
             let img = read(images_dir, name, MNTS_MAGIC, true)?;
             let mnts = decode_all(images_dir, name, &img, entries::mnt)?;
-            let summary = mounts::build(&mut world, images_dir, name, &mnts, root_fd)?;
+            let summary = mounts::build(&mut world, images_dir, name, &mnts, root_fd, allowed)?;
             report.mounts = summary.mounts;
             report.tmpfs_members = summary.tmpfs_members;
             true
@@ -273,7 +286,7 @@ impl Check<'_> {
             .strip_prefix(mount.mountpoint.as_slice())
             .ok_or(UnsafeKind::OutsideMount { mnt_id })?
             .to_vec();
-        if matches!(self.world.fss[mount.fs], Fs::Proc) {
+        if self.world.fss[mount.fs].refuses_creation() {
             return Err(UnsafeKind::Procfs { at: show(&comps) }.into());
         }
         check_ghost_device(ghost)?;
@@ -436,7 +449,7 @@ impl Check<'_> {
 
     /// Nothing of a socket's path may resolve into procfs (magic links leave the chroot).
     fn refuse_procfs(&self, walk: &Walk, path: &[Vec<u8>]) -> Result<(), WalkError> {
-        if matches!(self.world.fss[walk.fs], Fs::Proc) {
+        if self.world.fss[walk.fs].refuses_creation() {
             return Err(UnsafeKind::Procfs { at: show(path) }.into());
         }
         Ok(())
