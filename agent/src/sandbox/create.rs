@@ -126,7 +126,7 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
             Ok(SandboxSlot::new(rec, paths))
         }
         Err(e) => {
-            let _ = fs::remove_dir_all(&paths.dir);
+            let _ = belayer_overlay::remove_dir_all(&paths.dir);
             Err(e)
         }
     }

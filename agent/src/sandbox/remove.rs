@@ -64,7 +64,7 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
             }
         }
     }
-    fs::remove_dir_all(&slot.paths.dir).map_err(|source| RemoveError::Delete {
+    belayer_overlay::remove_dir_all(&slot.paths.dir).map_err(|source| RemoveError::Delete {
         path: slot.paths.dir.clone(),
         source,
     })?;

@@ -180,7 +180,7 @@ pub fn restore(
     let n = rec.instance + 1;
     let inst_dir = slot.paths.instance(n);
     if inst_dir.exists() {
-        fs::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs {
+        belayer_overlay::remove_dir_all(&inst_dir).map_err(|source| RestoreError::Dirs {
             path: inst_dir.clone(),
             source,
         })?;
@@ -216,7 +216,7 @@ pub fn restore(
     });
     t.verify = verified.1;
     let discard = |e: RestoreError| {
-        let _ = fs::remove_dir_all(&inst_dir);
+        let _ = belayer_overlay::remove_dir_all(&inst_dir);
         e
     };
     verified.0.map_err(discard)?;
@@ -259,7 +259,7 @@ pub fn restore(
     let (pid, start) = match &manifest {
         Some(m) => {
             let work = slot.paths.criu_work();
-            let _ = fs::remove_dir_all(&work);
+            let _ = belayer_overlay::remove_dir_all(&work);
             fs::create_dir_all(&work).map_err(|source| RestoreError::Dirs {
                 path: work.clone(),
                 source,
@@ -421,7 +421,7 @@ pub(crate) fn retire_instance(paths: &SandboxPaths, n: u32) {
         tracing::warn!(path = %merged.display(), error = %e, "cannot unmount old root");
     }
     let dir = paths.instance(n);
-    if let Err(e) = fs::remove_dir_all(&dir) {
+    if let Err(e) = belayer_overlay::remove_dir_all(&dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(path = %dir.display(), error = %e, "cannot remove old instance");
         }
