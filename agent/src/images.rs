@@ -164,7 +164,7 @@ impl ImageStore {
             })
         })();
         if result.is_err() {
-            let _ = fs::remove_dir_all(&tmp);
+            let _ = belayer_overlay::remove_dir_all(&tmp);
         }
         result
     }
@@ -204,7 +204,7 @@ impl ImageStore {
             path: dir.clone(),
             source,
         })?;
-        fs::remove_dir_all(&trash).map_err(|source| ImageError::Store {
+        belayer_overlay::remove_dir_all(&trash).map_err(|source| ImageError::Store {
             path: trash,
             source,
         })
@@ -260,22 +260,13 @@ fn unpack(archive: &Path, dest: &Path) -> Result<(), ImageError> {
     ar.unpack(dest).map_err(err)
 }
 
-/// Sum of the apparent sizes of regular files below `root` (no symlinks followed).
+/// Sum of the apparent sizes of regular files below `root` (no symlinks followed; the walk
+/// is the overlay crate's bounded one); 0, with a warning, when it cannot be measured.
 pub(crate) fn tree_bytes(root: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(rd) = fs::read_dir(&dir) else { continue };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.is_dir() {
-                stack.push(e.path());
-            } else if m.is_file() {
-                total += m.len();
-            }
-        }
-    }
-    total
+    belayer_overlay::tree_bytes(root, belayer_overlay::DIGEST_MAX_NAMES).unwrap_or_else(|e| {
+        tracing::warn!(path = %root.display(), error = %e, "cannot measure the image size");
+        0
+    })
 }
 
 #[cfg(test)]

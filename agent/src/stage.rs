@@ -102,7 +102,7 @@ impl DumpStage {
         }
         let owner = blake3::hash(state_dir.as_os_str().as_encoded_bytes()).to_hex();
         let dir = mount_point.join(&owner.as_str()[..16]);
-        let _ = fs::remove_dir_all(&dir);
+        let _ = belayer_overlay::remove_dir_all(&dir);
         fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
         Ok(DumpStage {
             dir,
@@ -151,7 +151,7 @@ impl DumpStage {
 impl Drop for DumpStage {
     /// Removes this daemon's stage directory (the tmpfs stays mounted for the next one).
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
+        let _ = belayer_overlay::remove_dir_all(&self.dir);
     }
 }
 
@@ -177,7 +177,7 @@ impl StageSlot<'_> {
 
 impl Drop for StageSlot<'_> {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
+        let _ = belayer_overlay::remove_dir_all(&self.dir);
         let mut reserved = self
             .stage
             .reserved

@@ -20,7 +20,6 @@
 pub mod bench;
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -295,38 +294,16 @@ fn live_pids(cgroup: &SandboxCgroup) -> Vec<i32> {
     pids
 }
 
+/// Most directory entries the fingerprint walk holds at once; a wider directory makes the
+/// fingerprint unknown (`None`) instead of costing the daemon memory.
+const FINGERPRINT_MAX_NAMES: u64 = 1 << 20;
+
 /// blake3 over (path, inode, mode, size, mtime, ctime) of every entry of the upper layer, in
-/// directory order, without following symlinks; `None` when the directory cannot be read.
+/// sorted order, without following symlinks; `None` when the directory cannot be read, or
+/// is deeper or wider than the bounded walk of the overlay crate allows
+/// ([`belayer_overlay::metadata_fingerprint`]).
 pub fn upper_fingerprint(upper: &Path) -> Option<[u8; 32]> {
-    fn walk(dir: &Path, rel: &Path, h: &mut blake3::Hasher) -> std::io::Result<()> {
-        let mut entries: Vec<_> = std::fs::read_dir(dir)?.flatten().collect();
-        entries.sort_by_key(|e| e.file_name());
-        for e in entries {
-            let m = e.metadata()?;
-            let name = rel.join(e.file_name());
-            h.update(name.as_os_str().as_encoded_bytes());
-            for v in [
-                m.ino(),
-                u64::from(m.mode()),
-                m.size(),
-                m.mtime() as u64,
-                m.mtime_nsec() as u64,
-                m.ctime() as u64,
-                m.ctime_nsec() as u64,
-            ] {
-                h.update(&v.to_le_bytes());
-            }
-            if m.is_dir() {
-                walk(&e.path(), &name, h)?;
-            }
-        }
-        Ok(())
-    }
-    let mut h = blake3::Hasher::new();
-    let m = std::fs::symlink_metadata(upper).ok()?;
-    h.update(&m.mtime_nsec().to_le_bytes());
-    walk(upper, Path::new(""), &mut h).ok()?;
-    Some(*h.finalize().as_bytes())
+    belayer_overlay::metadata_fingerprint(upper, FINGERPRINT_MAX_NAMES).ok()
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use crate::format::{
 };
 use crate::install::InstallLimits;
 use crate::sys::{self, Call, SyscallError, Xattr};
-use crate::walk::{file_type, walk, WalkEntry, WalkErrorSink};
+use crate::walk::{file_type, walk, WalkEntry, WalkErrorSink, WalkFailure};
 
 /// What [`capture_upper`] wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -52,8 +52,7 @@ pub enum CaptureError {
         source: io::Error,
     },
     /// Opening, listing or examining an entry of the upper directory failed (this includes
-    /// an `upper` that is a symlink or not a directory, and running out of fds on very deep
-    /// trees: one fd is held per directory level).
+    /// an `upper` that is a symlink or not a directory).
     #[error("reading {path} in the upper layer failed")]
     ReadUpper {
         /// The entry (upper directory joined with its relative path).
@@ -73,6 +72,23 @@ pub enum CaptureError {
         /// The limit.
         max: usize,
     },
+    /// An entry lies deeper than [`MAX_WALK_DEPTH`](crate::MAX_WALK_DEPTH) levels below the
+    /// upper directory: its path could not be restored (the walk stops there, holding a
+    /// bounded number of fds).
+    #[error("{path} is more than {max} directory levels deep")]
+    TooDeep {
+        /// The first entry below the limit (upper directory joined with its relative path).
+        path: PathBuf,
+        /// The limit.
+        max: usize,
+    },
+    /// A directory the walk re-opened through `..` was not the one it had left: the tree
+    /// was moved while it was captured.
+    #[error("directory {path} moved during capture")]
+    DirectoryMoved {
+        /// The directory whose parent changed (upper directory joined with its path).
+        path: PathBuf,
+    },
     /// An entry carries more extended-attribute data than install accepts.
     #[error("extended attributes of {path} take {size} bytes, more than {max}")]
     XattrsTooLarge {
@@ -83,7 +99,8 @@ pub enum CaptureError {
         /// The limit.
         max: u64,
     },
-    /// The upper layer holds more entries than [`InstallLimits::max_entries`].
+    /// The upper layer holds more entries than [`InstallLimits::max_entries`] (or one
+    /// directory alone holds more names than that).
     #[error("{path}: more than {max} entries")]
     TooManyEntries {
         /// The first entry over the limit, relative to the upper directory.
@@ -189,8 +206,13 @@ pub enum CaptureError {
 }
 
 impl WalkErrorSink for CaptureError {
-    fn walk_error(path: PathBuf, source: SyscallError) -> Self {
-        CaptureError::ReadUpper { path, source }
+    fn walk_error(path: PathBuf, failure: WalkFailure) -> Self {
+        match failure {
+            WalkFailure::Syscall(source) => CaptureError::ReadUpper { path, source },
+            WalkFailure::TooDeep { max } => CaptureError::TooDeep { path, max },
+            WalkFailure::TooManyEntries { max } => CaptureError::TooManyEntries { path, max },
+            WalkFailure::Moved => CaptureError::DirectoryMoved { path },
+        }
     }
 }
 
@@ -240,7 +262,8 @@ pub fn capture_upper_with_limits(
         stats: CaptureStats::default(),
         limits: *limits,
     };
-    let result = walk(upper, &[], |entry| capture.add(entry)).and_then(|()| capture.finish());
+    let result = walk(upper, &[], limits.max_entries, |entry| capture.add(entry))
+        .and_then(|()| capture.finish());
     match result {
         Ok(stats) => {
             tracing::debug!(

@@ -26,7 +26,7 @@ use rustix::fs::{FileType, Mode, OFlags};
 
 use crate::format::hex;
 use crate::sys::{self, Call, SyscallError, Xattr};
-use crate::walk::{file_type, normalize_excludes, walk, WalkEntry, WalkErrorSink};
+use crate::walk::{file_type, normalize_excludes, walk, WalkEntry, WalkErrorSink, WalkFailure};
 
 /// Why a digest could not be computed.
 #[derive(Debug, thiserror::Error)]
@@ -58,13 +58,46 @@ pub enum DigestError {
         #[source]
         source: SyscallError,
     },
+    /// An entry lies deeper than [`MAX_WALK_DEPTH`](crate::MAX_WALK_DEPTH) levels below the
+    /// root.
+    #[error("{path} is more than {max} directory levels deep")]
+    TooDeep {
+        /// The first entry below the limit (root joined with its relative path).
+        path: PathBuf,
+        /// The limit.
+        max: usize,
+    },
+    /// A directory holds more names than the walk may hold at once.
+    #[error("{path}: more than {max} entries held at once")]
+    TooManyEntries {
+        /// The directory being listed (root joined with its relative path).
+        path: PathBuf,
+        /// The limit.
+        max: u64,
+    },
+    /// A directory re-opened through `..` was not the one the walk had left: the tree was
+    /// moved during the walk.
+    #[error("directory {path} moved during the walk")]
+    DirectoryMoved {
+        /// The directory whose parent changed (root joined with its relative path).
+        path: PathBuf,
+    },
 }
 
 impl WalkErrorSink for DigestError {
-    fn walk_error(path: PathBuf, source: SyscallError) -> Self {
-        DigestError::Walk { path, source }
+    fn walk_error(path: PathBuf, failure: WalkFailure) -> Self {
+        match failure {
+            WalkFailure::Syscall(source) => DigestError::Walk { path, source },
+            WalkFailure::TooDeep { max } => DigestError::TooDeep { path, max },
+            WalkFailure::TooManyEntries { max } => DigestError::TooManyEntries { path, max },
+            WalkFailure::Moved => DigestError::DirectoryMoved { path },
+        }
     }
 }
+
+/// Most directory entries a digest walk holds in memory at once (the names of the
+/// directories on the current path): about 4 million, a few hundred MiB at worst.
+pub const DIGEST_MAX_NAMES: u64 = 1 << 22;
 
 /// blake3 of the bytes of the file at `path` (following symlinks: the path is the
 /// caller's own), as 64 lowercase hex digits. Errors: [`DigestError::Open`],
@@ -140,13 +173,60 @@ fn visit_tree(
     let mut first_seen: HashMap<(u32, u32, u64), usize> = HashMap::new();
     let mut index = 0usize;
     let mut line = String::new();
-    walk(root, &exclude, |entry: &WalkEntry<'_>| {
+    walk(root, &exclude, DIGEST_MAX_NAMES, |entry: &WalkEntry<'_>| {
         line.clear();
         describe(entry, index, &mut first_seen, &mut line)?;
         emit(&line);
         index += 1;
         Ok(())
     })
+}
+
+/// blake3 over the metadata of every entry of the tree at `root`, in sorted pre-order:
+/// relative path, inode, mode, size, mtime and ctime (nanoseconds); file contents are not
+/// read. Any change to the tree (a write moves mtime and ctime, a chmod the ctime) changes
+/// it; reading does not. Cheap enough to compare a sandbox's upper layer before and after
+/// an action. Never follows a symlink; bounded like every walk of this crate (depth
+/// [`MAX_WALK_DEPTH`](crate::MAX_WALK_DEPTH), fds, at most `max_names` names held).
+///
+/// Errors: [`DigestError::Walk`], [`DigestError::TooDeep`],
+/// [`DigestError::TooManyEntries`], [`DigestError::DirectoryMoved`].
+pub fn metadata_fingerprint(root: &Path, max_names: u64) -> Result<[u8; 32], DigestError> {
+    let mut hasher = blake3::Hasher::new();
+    walk(root, &[], max_names, |entry: &WalkEntry<'_>| {
+        let stat = entry.stat;
+        hasher.update(&(entry.rel.len() as u64).to_le_bytes());
+        hasher.update(entry.rel);
+        for v in [
+            stat.stx_ino,
+            u64::from(stat.stx_mode),
+            stat.stx_size,
+            stat.stx_mtime.tv_sec as u64,
+            u64::from(stat.stx_mtime.tv_nsec),
+            stat.stx_ctime.tv_sec as u64,
+            u64::from(stat.stx_ctime.tv_nsec),
+        ] {
+            hasher.update(&v.to_le_bytes());
+        }
+        Ok::<(), DigestError>(())
+    })?;
+    Ok(*hasher.finalize().as_bytes())
+}
+
+/// Sum of the apparent sizes (bytes) of the regular files in the tree at `root`, a file
+/// with several links counted once per link. Never follows a symlink; bounded like
+/// [`metadata_fingerprint`].
+///
+/// Errors: as [`metadata_fingerprint`].
+pub fn tree_bytes(root: &Path, max_names: u64) -> Result<u64, DigestError> {
+    let mut total = 0u64;
+    walk(root, &[], max_names, |entry: &WalkEntry<'_>| {
+        if file_type(entry.stat) == FileType::RegularFile {
+            total = total.saturating_add(entry.stat.stx_size);
+        }
+        Ok::<(), DigestError>(())
+    })?;
+    Ok(total)
 }
 
 /// Appends `bytes` escaped: printable ASCII other than space, `\` and `=` as is, the rest

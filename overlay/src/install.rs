@@ -88,6 +88,21 @@ pub enum InstallError {
         #[source]
         source: SyscallError,
     },
+    /// Re-reading the materialized target found an entry deeper than
+    /// [`MAX_WALK_DEPTH`](crate::MAX_WALK_DEPTH) levels (something else wrote to it).
+    #[error("{path} in the target is more than {max} directory levels deep")]
+    TooDeep {
+        /// The entry (target joined with its relative path).
+        path: PathBuf,
+        /// The limit.
+        max: usize,
+    },
+    /// A directory of the target was moved while it was re-read after materializing.
+    #[error("directory {path} of the target moved while it was read")]
+    TargetMoved {
+        /// The directory (target joined with its relative path).
+        path: PathBuf,
+    },
     /// The target directory is not empty.
     #[error("target directory {path} is not empty")]
     TargetNotEmpty {

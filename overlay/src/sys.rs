@@ -243,16 +243,28 @@ pub(crate) fn fsync_dir(path: &Path) -> Result<(), SyscallError> {
 
 /// The names in the directory open as `dir`, without `.` and `..`, sorted bytewise.
 pub(crate) fn sorted_names(dir: impl AsFd) -> Result<Vec<CString>, SyscallError> {
+    Ok(sorted_names_at_most(dir, usize::MAX)?.unwrap_or_default())
+}
+
+/// [`sorted_names`], or `None` as soon as the directory turns out to hold more than `max`
+/// names (the rest is not read: memory stays bounded for huge directories).
+pub(crate) fn sorted_names_at_most(
+    dir: impl AsFd,
+    max: usize,
+) -> Result<Option<Vec<CString>>, SyscallError> {
     let mut names = Vec::new();
     for entry in Dir::read_from(dir).call("openat(\".\")")? {
         let entry = entry.call("getdents64")?;
         let name = entry.file_name();
         if name != c"." && name != c".." {
+            if names.len() == max {
+                return Ok(None);
+            }
             names.push(name.to_owned());
         }
     }
     names.sort_unstable();
-    Ok(names)
+    Ok(Some(names))
 }
 
 #[cfg(test)]

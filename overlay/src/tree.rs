@@ -280,10 +280,15 @@ pub(crate) struct Installer<'a> {
     installed: HashSet<Vec<u8>>,
     dirs: Vec<DeferredDir>,
     root: Option<DeferredDir>,
-    /// Open directories from the target down to the last parent used: each element is a
-    /// child of the previous one. Saves an `openat2` per member in pre-order archives.
+    /// Open directories down to the last parent used: each element is a child of the
+    /// previous one, at most [`CHAIN_MAX`] of them (the deepest; shallower parents are
+    /// resolved again). Saves an `openat2` per member in pre-order archives.
     chain: Vec<(Vec<Vec<u8>>, Rc<OwnedFd>)>,
 }
+
+/// Most directory fds the installer's chain holds, whatever the depth of the layer (a
+/// 2048-deep layer would otherwise hold 2048 fds of the daemon while it is materialized).
+const CHAIN_MAX: usize = 16;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
@@ -531,6 +536,9 @@ impl<'a> Installer<'a> {
                 });
                 // `self.parent` left the chain ending at this directory's parent.
                 self.chain.push((member.components.clone(), Rc::new(fd)));
+                if self.chain.len() > CHAIN_MAX {
+                    self.chain.remove(0);
+                }
                 return Ok(());
             }
             MemberKind::Regular { size, data } => {

@@ -225,9 +225,33 @@ impl Daemon {
         }
     }
 
-    /// Host pid of the daemon process (0 when it is not running).
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, Child::id)
+    /// Pid of the running daemon process, if one was started and not yet killed.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Asserts, from `/proc`, that the daemon process exists and has not died (no zombie),
+    /// and that it answers a ping; `step` names the test step in the message.
+    pub fn assert_alive(&self, step: &str) {
+        let pid = self
+            .pid()
+            .unwrap_or_else(|| panic!("{step}: no daemon process"));
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_else(|e| panic!("{step}: belayerd {pid} gone: {e}\n{}", self.log_text()));
+        // The state is the first field after the parenthesised command name.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or("?");
+        assert!(
+            !matches!(state, "Z" | "X" | "x"),
+            "{step}: belayerd {pid} is dead (state {state})\n{}",
+            self.log_text()
+        );
+        assert!(
+            matches!(self.call(Request::Ping), Response::Pong { .. }),
+            "{step}: belayerd does not answer"
+        );
     }
 
     /// The daemon's log so far.

@@ -196,7 +196,7 @@ fn background_output_is_bounded_by_the_sandbox() {
     );
     assert!(peak <= 256 << 20, "over the limit: {peak}");
     // The daemon holds none of it.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid().unwrap())).unwrap();
     let rss_kb: u64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))

@@ -75,7 +75,7 @@ impl Drop for Embedded {
                 tracing::warn!(error = %e, "embedded agent server did not stop cleanly");
             }
         }
-        let _ = std::fs::remove_dir_all(&self.state_dir);
+        let _ = belayer_overlay::remove_dir_all(&self.state_dir);
     }
 }
 

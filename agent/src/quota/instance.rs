@@ -97,18 +97,15 @@ pub fn remove_instance_dir(path: &Path) -> Result<(), QuotaError> {
 
 /// Removes everything inside directory `dir` (which stays), never following symlinks.
 ///
-/// This is the one place that walks a sandbox-written tree to delete it; swap it for the
-/// hardened iterative remover of `belayer_overlay` when that lands. Until then it uses
-/// `std::fs::remove_dir_all` per entry (`openat`/`unlinkat` relative to directory fds, no
-/// symlink is followed, safe against symlink swaps), which recurses once per directory level:
-/// a tree deeper than the open-file limit fails with `EMFILE` rather than being removed.
-/// Volumes never come here: the kernel deletes them.
+/// The one place that walks a sandbox-written tree to delete it: the hardened iterative
+/// remover of `belayer_overlay` (bounded fds and memory at any depth, never follows a symlink,
+/// never crosses into another mount). Volumes never come here: the kernel deletes them.
 pub fn remove_contents(dir: &Path) -> io::Result<()> {
     for entry in fs::read_dir(dir)? {
         let entry = entry?;
         let path = entry.path();
         if entry.file_type()?.is_dir() {
-            fs::remove_dir_all(&path)?;
+            belayer_overlay::remove_dir_all(&path)?;
         } else {
             fs::remove_file(&path)?;
         }

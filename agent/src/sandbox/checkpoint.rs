@@ -212,7 +212,7 @@ fn take(
     };
     fs::create_dir(&criu_dir).map_err(write_err(&criu_dir))?;
     let work = slot.paths.criu_work();
-    let _ = fs::remove_dir_all(&work);
+    let _ = belayer_overlay::remove_dir_all(&work);
     fs::create_dir_all(&work).map_err(write_err(&work))?;
     let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|source| CheckpointError::Freeze {
         id: id.clone(),
@@ -401,11 +401,11 @@ fn take(
     fault(req.fault, FailPoint::BeforeRename)?;
     let published = store.publish(&mut staging)?;
     if let Err(e) = fault(req.fault, FailPoint::BeforePointerUpdate) {
-        let _ = fs::remove_dir_all(&published);
+        let _ = belayer_overlay::remove_dir_all(&published);
         return Err(e);
     }
     if let Err(e) = store.set_ready(&manifest.checkpoint) {
-        let _ = fs::remove_dir_all(&published);
+        let _ = belayer_overlay::remove_dir_all(&published);
         return Err(e.into());
     }
     slot.set_layer_base(Some((rec.instance, std::sync::Arc::new(layer))));

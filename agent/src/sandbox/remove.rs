@@ -89,7 +89,7 @@ pub fn delete_sandbox_dir(dir: &std::path::Path) {
             }
         }
     }
-    if let Err(e) = fs::remove_dir_all(dir) {
+    if let Err(e) = belayer_overlay::remove_dir_all(dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(path = %dir.display(), error = %e, "cannot delete a removed sandbox yet (the next start retries)");
         }

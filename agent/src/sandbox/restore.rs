@@ -295,7 +295,7 @@ pub fn restore(
     let (pid, start) = match &manifest {
         Some(m) => {
             let work = slot.paths.criu_work();
-            let _ = fs::remove_dir_all(&work);
+            let _ = belayer_overlay::remove_dir_all(&work);
             fs::create_dir_all(&work).map_err(|source| RestoreError::Dirs {
                 path: work.clone(),
                 source,

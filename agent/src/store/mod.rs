@@ -102,7 +102,7 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.published {
-            if let Err(e) = fs::remove_dir_all(&self.dir) {
+            if let Err(e) = belayer_overlay::remove_dir_all(&self.dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(path = %self.dir.display(), error = %e, "cannot remove checkpoint staging dir");
                 }
@@ -248,7 +248,7 @@ impl CheckpointStore {
             let stale =
                 name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > ready_seq);
             if stale {
-                fs::remove_dir_all(e.path()).map_err(io("rmdir", &e.path()))?;
+                belayer_overlay::remove_dir_all(e.path()).map_err(io("rmdir", &e.path()))?;
                 removed += 1;
             }
         }
@@ -358,7 +358,7 @@ impl CheckpointStore {
             .load(name)
             .map(|m| m.artifacts().map(|a| a.bytes).sum())
             .unwrap_or(0);
-        fs::remove_dir_all(&p).map_err(io("rmdir", &p))?;
+        belayer_overlay::remove_dir_all(&p).map_err(io("rmdir", &p))?;
         Ok(bytes)
     }
 }

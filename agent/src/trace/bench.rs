@@ -208,7 +208,7 @@ impl Drop for Bench {
             // The last reference: dropping it detaches the BPF programs.
             drop(agent);
         }
-        let _ = std::fs::remove_dir_all(&self.state_dir);
+        let _ = belayer_overlay::remove_dir_all(&self.state_dir);
     }
 }
 

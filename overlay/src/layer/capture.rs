@@ -263,7 +263,9 @@ fn run<'a, 's>(
             }
         }
     }
-    walk(upper, &[], |entry| walker.add(entry))?;
+    walk(upper, &[], opts.limits.max_entries, |entry| {
+        walker.add(entry)
+    })?;
     walker.stats.entries = walker.entries.len() as u64;
     walker.stats.capture_us = started.elapsed().as_micros() as u64;
     let manifest = LayerManifest {

@@ -14,7 +14,7 @@ use crate::tree::{
     parse_hardlink_target, parse_name, path_of, ContentSource, Installer, Member, MemberKind,
     RegularData,
 };
-use crate::walk::{walk, WalkEntry, WalkErrorSink};
+use crate::walk::{walk, WalkEntry, WalkErrorSink, WalkFailure};
 
 /// Options of [`materialize_layer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub fn materialize_layer(
     // capture (see `LayerCaptureOptions::racy_window`): a short wait here saves reading
     // the most recently restored files again at the next checkpoint.
     std::thread::sleep(LayerCaptureOptions::default().racy_window);
-    let rekeyed = rekey(manifest, target)?;
+    let rekeyed = rekey(manifest, target, opts.limits.max_entries)?;
     tracing::debug!(
         target = %target.display(),
         entries = stats.entries,
@@ -190,22 +190,31 @@ fn member_of(entry: &LayerEntry, first: bool) -> Result<Member, InstallError> {
 struct RekeyError(InstallError);
 
 impl WalkErrorSink for RekeyError {
-    fn walk_error(path: std::path::PathBuf, source: crate::SyscallError) -> Self {
-        RekeyError(InstallError::OpenTarget { path, source })
+    fn walk_error(path: std::path::PathBuf, failure: WalkFailure) -> Self {
+        RekeyError(match failure {
+            WalkFailure::Syscall(source) => InstallError::OpenTarget { path, source },
+            WalkFailure::TooDeep { max } => InstallError::TooDeep { path, max },
+            WalkFailure::TooManyEntries { max } => InstallError::TooManyEntries { path, max },
+            WalkFailure::Moved => InstallError::TargetMoved { path },
+        })
     }
 }
 
 /// The manifest with every entry's key read from the materialized tree, and the capture
 /// time set to the start of that walk (so entries written in the last racy window are read
 /// again by the next capture).
-fn rekey(manifest: &LayerManifest, target: &Path) -> Result<LayerManifest, InstallError> {
+fn rekey(
+    manifest: &LayerManifest,
+    target: &Path,
+    max_names: u64,
+) -> Result<LayerManifest, InstallError> {
     // Before the walk: every entry was written before this instant, and a later change moves
     // its ctime past it.
     let d = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     let mut keys = HashMap::with_capacity(manifest.entries.len());
-    walk(target, &[], |e: &WalkEntry<'_>| {
+    walk(target, &[], max_names, |e: &WalkEntry<'_>| {
         keys.insert(e.rel.to_vec(), super::capture::key_of(e.stat));
         Ok(())
     })

@@ -302,7 +302,7 @@ impl ScratchDir {
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+        if let Err(e) = belayer_overlay::remove_dir_all(&self.path) {
             if e.kind() != io::ErrorKind::NotFound {
                 tracing::warn!(path = %self.path.display(), error = %e, "scratch dir left behind");
             }

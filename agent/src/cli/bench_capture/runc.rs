@@ -287,7 +287,7 @@ impl Container {
             mount: Some(mount),
             init_pid,
         });
-        let _ = std::fs::remove_dir_all(&old.dir);
+        let _ = belayer_overlay::remove_dir_all(&old.dir);
         restored?;
         let id = &self.inst().id;
         host::check_restored(&self.workload.name, "runc", dumped, || self.count(id))?;

@@ -264,7 +264,7 @@ impl Sandbox {
             launcher: None,
             init_pid,
         });
-        let _ = std::fs::remove_dir_all(&old.dir);
+        let _ = belayer_overlay::remove_dir_all(&old.dir);
         restored?;
         host::check_restored(&self.workload.name, "tar_criu", dumped, || {
             self.cg.pids().map(|p| p.len())
