@@ -12,6 +12,12 @@
 //! layer, with the same hardening). [`tree_digest`] lets tests prove that the merged view
 //! came back identical.
 //!
+//! Images (the read-only lower layers) use the same two halves on other inputs:
+//! [`archive_tree`] streams a tar of any directory fd (run it with the credentials of whoever
+//! the tree is read for), and [`install_image`] unpacks a tar stream with the hardened tree
+//! builder under the rules of a flat image (device nodes refused, those under `dev/`
+//! dropped, no whiteouts, no overlay attributes; see [`image`]).
+//!
 //! # What an upper layer contains (overlayfs, as root sees the upper directory)
 //!
 //! - Files, directories, symlinks, fifos, sockets created or modified through the merged
@@ -105,15 +111,21 @@
 pub mod capture;
 pub mod digest;
 mod format;
+pub mod image;
 pub mod install;
 pub mod layer;
 pub mod mount;
+mod sink;
 mod sys;
 mod tree;
+mod unpack;
 mod walk;
 
-pub use capture::{capture_upper, capture_upper_with_limits, CaptureError, CaptureStats};
+pub use capture::{
+    archive_tree, capture_upper, capture_upper_with_limits, CaptureError, CaptureStats,
+};
 pub use digest::{file_digest, first_difference, tree_digest, tree_listing, DigestError};
+pub use image::{install_image, ImageOptions, ImageStats};
 pub use install::{install_upper, InstallError, InstallLimits, InstallStats};
 pub use mount::{is_mountpoint, unmount, MountError, MountFailure, OverlayMount};
 pub use sys::SyscallError;

@@ -58,8 +58,29 @@ pub(crate) fn file_type(stat: &Statx) -> rustix::fs::FileType {
 pub(crate) fn walk<E: WalkErrorSink>(
     root: &Path,
     exclude: &[Vec<u8>],
+    visit: impl FnMut(&WalkEntry<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let root_fd = rustix::fs::openat(CWD, root, DIR_FLAGS, Mode::empty())
+        .call("openat")
+        .map_err(|e| E::walk_error(root.to_path_buf(), e))?;
+    walk_fd(root_fd.as_fd(), root, exclude, visit)
+}
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// [`walk`] of the directory open as `dir` (any open mode, `O_PATH` included: it is opened
+/// again as `.` for reading, with the permissions of the calling process). `label` stands
+/// for the root in error paths.
+pub(crate) fn walk_fd<E: WalkErrorSink>(
+    dir: BorrowedFd<'_>,
+    label: &Path,
+    exclude: &[Vec<u8>],
     mut visit: impl FnMut(&WalkEntry<'_>) -> Result<(), E>,
 ) -> Result<(), E> {
+    let root = label;
     let fail = |rel: &[u8], source: SyscallError| {
         let path = if rel.is_empty() {
             root.to_path_buf()
@@ -68,8 +89,8 @@ pub(crate) fn walk<E: WalkErrorSink>(
         };
         E::walk_error(path, source)
     };
-    let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let root_fd = rustix::fs::openat(CWD, root, dir_flags, Mode::empty())
+    let dir_flags = DIR_FLAGS;
+    let root_fd = rustix::fs::openat(dir, c".", dir_flags, Mode::empty())
         .call("openat")
         .map_err(|e| fail(b"", e))?;
     let stat = rustix::fs::statx(&root_fd, c"", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
