@@ -6,6 +6,8 @@
 //! `/var/cache/belayer/images/{busybox,bookworm-python}/rootfs`).
 #![warn(missing_docs)]
 
+pub mod peer;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,6 +52,42 @@ pub fn python_rootfs() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/cache/belayer/images/bookworm-python/rootfs"))
 }
 
+/// An unprivileged identity a test process runs as: uid, primary gid and supplementary
+/// groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// Makes `cmd` run as this identity: the forked child calls `setgroups`, `setresgid` and
+    /// `setresuid` (in that order, real, effective and saved ids) before it execs.
+    pub fn apply(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = (self.uid, self.gid);
+        let groups: Vec<libc::gid_t> = self.groups.clone();
+        // SAFETY: the closure runs in the forked child before exec and only makes the
+        // async-signal-safe calls setgroups, setresgid and setresuid on memory (`groups`)
+        // that was allocated before the fork and is only read.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
 /// A `belayerd` process with its own socket and state dir; killed and cleaned on drop
 /// (sandboxes are removed first, because they outlive the daemon on purpose).
 #[derive(Debug)]
@@ -63,6 +101,7 @@ pub struct Daemon {
     log: PathBuf,
     test_hooks: bool,
     no_bpf: bool,
+    socket_gid: Option<u32>,
 }
 
 impl Daemon {
@@ -82,11 +121,27 @@ impl Daemon {
         Self::start_opts(test_hooks, false)
     }
 
+    /// Starts a daemon with test hooks whose socket also admits the members of group `gid`
+    /// (`--socket-gid`): the socket file belongs to that group (mode 0660) and the test dir
+    /// is made traversable (0711), so an unprivileged process in the group can connect.
+    pub fn start_with_socket_gid(gid: u32) -> Daemon {
+        Self::start_full(true, false, Some(gid))
+    }
+
     fn start_opts(test_hooks: bool, no_bpf: bool) -> Daemon {
+        Self::start_full(test_hooks, no_bpf, None)
+    }
+
+    fn start_full(test_hooks: bool, no_bpf: bool, socket_gid: Option<u32>) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("belayer-e2e-")
             .tempdir_in("/var/tmp")
             .expect("tempdir");
+        if socket_gid.is_some() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+                .expect("chmod test dir");
+        }
         let socket = dir.path().join("belayer.sock");
         let state_dir = dir.path().join("state");
         let log = dir.path().join("belayerd.log");
@@ -98,6 +153,7 @@ impl Daemon {
             log,
             test_hooks,
             no_bpf,
+            socket_gid,
         };
         d.spawn();
         d
@@ -121,6 +177,9 @@ impl Daemon {
         }
         if self.no_bpf {
             cmd.arg("--no-bpf");
+        }
+        if let Some(gid) = self.socket_gid {
+            cmd.arg("--socket-gid").arg(gid.to_string());
         }
         let child = cmd
             .arg("--socket")
@@ -206,6 +265,7 @@ impl Daemon {
         match self.call(Request::ImportImage {
             name: name.into(),
             source: rootfs.display().to_string(),
+            with_fd: false,
         }) {
             Response::Image(_) => {}
             Response::Error(e) if e.code == belayer_ipc::ErrorCode::AlreadyExists => {}

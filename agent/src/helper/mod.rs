@@ -8,10 +8,13 @@
 //!
 //! - `init` ([`init`]): creates a sandbox's namespaces and its long-lived init (paper:
 //!   "Environment-state recovery": each trajectory runs in its own sandbox).
-//! - `exec` ([`exec`]): runs one action inside an existing sandbox.
+//! - `exec` ([`exec`]): runs one action inside an existing sandbox;
+//! - `tree` ([`tree`]): streams a tar of a directory a client passed, read with that
+//!   client's uid, gid and groups (image import for non-root peers).
 
 pub mod exec;
 pub mod init;
+pub mod tree;
 
 use std::path::PathBuf;
 
@@ -30,6 +33,7 @@ pub fn dispatch() {
     let code = match args.get(2).map(String::as_str) {
         Some("init") => init::main(&args[3..]),
         Some("exec") => exec::main(&args[3..]),
+        Some("tree") => tree::main(&args[3..]),
         other => {
             eprintln!("belayer helper: unknown helper {other:?}");
             125

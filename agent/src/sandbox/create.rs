@@ -75,8 +75,12 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// Creates and starts a sandbox from `spec`.
-pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, CreateError> {
+/// Creates and starts a sandbox from `spec`, owned by `owner_uid` (the peer that asked).
+pub fn create(
+    rt: &Runtime,
+    mut spec: SandboxSpec,
+    owner_uid: u32,
+) -> Result<SandboxSlot, CreateError> {
     if spec.pids_max.is_none() && rt.config.default_pids_max > 0 {
         spec.pids_max = Some(rt.config.default_pids_max);
     }
@@ -109,6 +113,7 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
         init_pid: None,
         init_start_time: None,
         created_unix_ms: sys::now_unix_ms(),
+        owner_uid,
     };
     let result = (|| {
         CheckpointStore::open(&paths.checkpoints())?;

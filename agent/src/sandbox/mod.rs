@@ -48,6 +48,10 @@ pub struct SandboxRecord {
     pub cgroup: String,
     /// Creation time, ms since the Unix epoch.
     pub created_unix_ms: u64,
+    /// Uid of the peer that created it: only it and root see and act on it. Records written
+    /// before this field existed belong to root.
+    #[serde(default)]
+    pub owner_uid: u32,
 }
 
 /// Errors shared by the sandbox verbs.
