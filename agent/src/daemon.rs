@@ -7,11 +7,12 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belayer_ipc::{
-    ErrorCode, ErrorReply, Event, PeerCred, Request, Response, SandboxInfo, StatusInfo,
+    Caller, ErrorCode, ErrorReply, Event, PeerCred, Request, Response, SandboxInfo, StatusInfo,
     PROTOCOL_VERSION,
 };
 
@@ -23,8 +24,11 @@ use crate::sandbox::{self, SandboxPaths, SandboxRecord, SandboxSlot, SandboxStat
 use crate::store::CheckpointStore;
 use crate::sys;
 
+pub mod access;
+mod image_api;
 pub mod rollout_api;
 
+use access::AccessError;
 use rollout_api::{ContextLogs, EventBus, Policies};
 
 /// Errors starting the agent.
@@ -265,15 +269,20 @@ impl Agent {
         self.registry().get(id).cloned()
     }
 
-    /// Sends `event` to every subscriber (clients of `Request::Subscribe` and
-    /// [`subscribe`](Self::subscribe) callers).
+    /// Sends `event` to every subscriber that may see its sandbox (clients of
+    /// `Request::Subscribe`: root, or the sandbox's owner; [`subscribe`](Self::subscribe)
+    /// callers: all).
     pub fn publish(&self, event: Event) {
-        self.events.publish(event);
+        let id = match &event {
+            Event::SandboxFailed { id, .. } | Event::CheckpointReady { id, .. } => id,
+        };
+        let owner = self.slot(id).map(|slot| slot.record().owner_uid);
+        self.events.publish(event, owner);
     }
 
     /// A new event subscription: every event published from now on.
     pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
-        self.events.subscribe()
+        self.events.subscribe(None)
     }
 
     /// Removes a sandbox, untraced first: the removal's kills are the agent's own, not faults.
@@ -384,8 +393,12 @@ impl Agent {
         self.policies.retain(|id| live.contains(id));
     }
 
-    fn maybe_checkpoint(&self, req: belayer_ipc::MaybeCheckpointRequest) -> Response {
-        let Some(slot) = self.slot(&req.id) else {
+    fn maybe_checkpoint(
+        &self,
+        caller: &Caller,
+        req: belayer_ipc::MaybeCheckpointRequest,
+    ) -> Response {
+        let Some(slot) = self.slot_for(caller, &req.id) else {
             return unknown(&req.id);
         };
         let instance = slot.record().instance;
@@ -551,7 +564,7 @@ impl Agent {
         slot.info(Self::ready_prefix(slot))
     }
 
-    fn gc(&self, older_than_s: Option<u64>, tag: Option<&str>) -> Response {
+    fn gc(&self, caller: &Caller, older_than_s: Option<u64>, tag: Option<&str>) -> Response {
         if older_than_s.is_none() && tag.is_none() {
             return Response::Error(ErrorReply {
                 code: ErrorCode::BadRequest,
@@ -560,8 +573,7 @@ impl Agent {
         }
         let now = sys::now_unix_ms();
         let (mut removed, mut bytes) = (0u64, 0u64);
-        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
-        for slot in slots {
+        for slot in self.slots_for(caller) {
             let _op = slot.lock_op();
             let rec = slot.record().clone();
             let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else {
@@ -590,7 +602,7 @@ impl Agent {
         Response::Gc { removed, bytes }
     }
 
-    fn status(&self) -> Response {
+    fn status(&self, caller: &Caller) -> Response {
         Response::Status(StatusInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             protocol: PROTOCOL_VERSION,
@@ -598,64 +610,59 @@ impl Agent {
             cgroup: CgroupLayout::detect()
                 .map(|l| l.describe())
                 .unwrap_or_default(),
-            sandboxes: self.registry().len() as u64,
+            sandboxes: self.slots_for(caller).len() as u64,
             tracer: self.rt.tracer.describe(),
         })
     }
 
-    /// Serves one request.
-    pub fn dispatch(&self, request: Request) -> Response {
+    /// Serves one request from `caller` with the descriptors `fds` attached to its frame
+    /// (only `ImportImage` with `with_fd` takes one). Access is checked for every request by
+    /// [`access::may_act_on`], through the lookups of [`access`].
+    pub fn dispatch(&self, caller: &Caller, request: Request, fds: Vec<OwnedFd>) -> Response {
+        if !matches!(request, Request::ImportImage { .. }) && !fds.is_empty() {
+            let e = AccessError::Descriptors {
+                got: fds.len(),
+                expected: 0,
+            };
+            return error(e.code(), &e);
+        }
         match request {
             Request::Ping => Response::Pong {
                 version: env!("CARGO_PKG_VERSION").to_string(),
             },
-            Request::Status => self.status(),
-            Request::ImportImage { name, source } => {
-                match self.rt.images.import(&name, std::path::Path::new(&source)) {
-                    Ok(info) => Response::Image(info),
-                    Err(e) => error(image_code(&e), &e),
-                }
-            }
+            Request::Status => self.status(caller),
+            Request::ImportImage {
+                name,
+                source,
+                with_fd,
+            } => self.import_image(caller, &name, source, with_fd, fds),
             Request::ListImages => match self.rt.images.list() {
                 Ok(v) => Response::Images(v),
                 Err(e) => error(ErrorCode::Internal, &e),
             },
-            Request::RemoveImage { name } => {
-                let used = self
-                    .registry()
-                    .values()
-                    .any(|s| s.record().spec.image == name);
-                if used {
-                    return Response::Error(ErrorReply {
-                        code: ErrorCode::InUse,
-                        message: format!("image {name} is used by a sandbox"),
-                    });
-                }
-                match self.rt.images.remove(&name) {
-                    Ok(()) => Response::Done,
-                    Err(e) => error(image_code(&e), &e),
+            Request::RemoveImage { name } => self.remove_image(caller, &name),
+            Request::CreateSandbox(spec) => {
+                match sandbox::create::create(&self.rt, spec, caller.cred.uid) {
+                    Ok(slot) => {
+                        let slot = Arc::new(slot);
+                        let info = Self::info(&slot);
+                        self.registry().insert(info.id.clone(), slot);
+                        Response::Sandbox(info)
+                    }
+                    Err(e) => error(e.code(), &e),
                 }
             }
-            Request::CreateSandbox(spec) => match sandbox::create::create(&self.rt, spec) {
-                Ok(slot) => {
-                    let slot = Arc::new(slot);
-                    let info = Self::info(&slot);
-                    self.registry().insert(info.id.clone(), slot);
-                    Response::Sandbox(info)
-                }
-                Err(e) => error(e.code(), &e),
-            },
             Request::ListSandboxes => {
-                let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+                let slots = self.slots_for(caller);
                 let mut v: Vec<SandboxInfo> = slots.iter().map(|s| Self::info(s)).collect();
                 v.sort_by_key(|i| i.created_unix_ms);
                 Response::Sandboxes(v)
             }
-            Request::InspectSandbox { id } => match self.slot(&id) {
+            Request::InspectSandbox { id } => match self.slot_for(caller, &id) {
                 Some(slot) => Response::Sandbox(Self::info(&slot)),
                 None => unknown(&id),
             },
-            Request::RemoveSandbox { id } => match self.slot(&id) {
+            Request::RemoveSandbox { id } => match self.slot_for(caller, &id) {
                 Some(slot) => match self.remove_sandbox(&slot) {
                     Ok(()) => {
                         self.registry().remove(&id);
@@ -666,14 +673,14 @@ impl Agent {
                 },
                 None => unknown(&id),
             },
-            Request::Exec(req) => match self.slot(&req.id) {
+            Request::Exec(req) => match self.slot_for(caller, &req.id) {
                 Some(slot) => match sandbox::exec::exec(&self.rt, &slot, &req) {
                     Ok(r) => Response::Exec(r),
                     Err(e) => error(e.code(), &e),
                 },
                 None => unknown(&req.id),
             },
-            Request::Checkpoint(req) => match self.slot(&req.id) {
+            Request::Checkpoint(req) => match self.slot_for(caller, &req.id) {
                 Some(slot) => match sandbox::checkpoint::checkpoint(&self.rt, &slot, &req) {
                     Ok(info) => {
                         self.publish(rollout_api::checkpoint_ready(&info));
@@ -683,14 +690,14 @@ impl Agent {
                 },
                 None => unknown(&req.id),
             },
-            Request::Restore { id, verify } => match self.slot(&id) {
+            Request::Restore { id, verify } => match self.slot_for(caller, &id) {
                 Some(slot) => match sandbox::restore::restore(&self.rt, &slot, verify) {
                     Ok(info) => Response::Restored(info),
                     Err(e) => error(e.code(), &e),
                 },
                 None => unknown(&id),
             },
-            Request::ListCheckpoints { id } => match self.slot(&id) {
+            Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
                 Some(slot) => {
                     let list =
                         CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
@@ -713,8 +720,8 @@ impl Agent {
                 }
                 None => unknown(&id),
             },
-            Request::Gc { older_than_s, tag } => self.gc(older_than_s, tag.as_deref()),
-            Request::MaybeCheckpoint(req) => self.maybe_checkpoint(req),
+            Request::Gc { older_than_s, tag } => self.gc(caller, older_than_s, tag.as_deref()),
+            Request::MaybeCheckpoint(req) => self.maybe_checkpoint(caller, req),
             Request::ContextAppend {
                 trajectory,
                 prefix,
@@ -805,26 +812,29 @@ fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
     }
 }
 
-fn image_code(e: &crate::images::ImageError) -> ErrorCode {
-    use crate::images::ImageError;
-    match e {
-        ImageError::InvalidName(_) | ImageError::Source { .. } | ImageError::NoShell(_) => {
-            ErrorCode::BadRequest
-        }
-        ImageError::AlreadyExists(_) => ErrorCode::AlreadyExists,
-        ImageError::Unknown(_) => ErrorCode::UnknownImage,
-        _ => ErrorCode::Internal,
-    }
-}
-
 impl belayer_ipc::Handler for Agent {
+    /// Requests without their supplementary groups: a directory import from a non-root peer
+    /// is refused ([`AccessError::GroupsUnknown`]). The server calls
+    /// [`handle_call`](belayer_ipc::Handler::handle_call).
     fn handle(&self, peer: &PeerCred, request: Request) -> Response {
-        tracing::debug!(pid = peer.pid, uid = peer.uid, ?request, "request");
-        self.dispatch(request)
+        self.handle_call(&Caller::without_groups(*peer), request, Vec::new())
+    }
+
+    fn handle_call(&self, caller: &Caller, request: Request, fds: Vec<OwnedFd>) -> Response {
+        let peer = &caller.cred;
+        tracing::debug!(
+            pid = peer.pid,
+            uid = peer.uid,
+            fds = fds.len(),
+            ?request,
+            "request"
+        );
+        self.dispatch(caller, request, fds)
     }
 
     fn subscribe(&self, peer: &PeerCred) -> Option<std::sync::mpsc::Receiver<Event>> {
         tracing::debug!(pid = peer.pid, uid = peer.uid, "event subscription");
-        Some(Agent::subscribe(self))
+        // Root sees every sandbox's events, anyone else only those of its own sandboxes.
+        Some(self.events.subscribe((peer.uid != 0).then_some(peer.uid)))
     }
 }

@@ -27,17 +27,18 @@
 //! - [`config`], [`runtime`], [`sys`].
 //!
 //! Dependencies and why: `belayer-ipc` (protocol, client, memory-server worker side),
-//! `belayer-overlay` (upper-layer capture and install), `belayer-criu` (CRIU dump/restore),
-//! `belayer-ebpf` (the sandbox tracer), `nix`/`rustix`/`libc` (namespaces, mounts, pidfds,
-//! signals), `serde`/`serde_json`/`toml` (state files, manifests, config, CLI JSON), `blake3`
-//! (artifact and record digests, seeded failure schedule), `bincode` + `crc32fast` +
+//! `belayer-overlay` (upper-layer capture and install, image streams and unpacking), `belayer-criu`
+//! (CRIU dump/restore), `belayer-ebpf` (the sandbox tracer), `nix`/`rustix`/`libc` (namespaces,
+//! mounts, pidfds, signals), `serde`/`serde_json`/`toml` (state files, manifests, config, CLI
+//! JSON), `blake3` (artifact and record digests, seeded failure schedule), `bincode` + `crc32fast` +
 //! `serde_bytes` (context-log records: the protocol's encoding, a checksum per record, byte
-//! fields as blobs), `tar`/`flate2`/`zstd` (image import), `plotters` (SVG plots of the rollout
-//! report, no system fonts needed), `indicatif` (rollout progress bars), `clap` (CLI),
-//! `thiserror` (typed errors), `tracing`/`tracing-subscriber` (logs), `anyhow` (CLI and binaries
-//! only), `seccompiler` (the sandbox seccomp filter: rust-vmm's pure-Rust compiler from
-//! syscall rules with argument conditions to classic BPF, the one Firecracker uses; no
-//! libseccomp C library to build against or ship).
+//! fields as blobs), `flate2`/`zstd` (compressed image archives; the tar format and the hardened
+//! unpack are `belayer-overlay`'s), `caps` (capability sets of sandboxes and of the image-walk
+//! helper), `plotters` (SVG plots of the rollout report, no system fonts needed), `indicatif`
+//! (rollout progress bars), `clap` (CLI), `thiserror` (typed errors),
+//! `tracing`/`tracing-subscriber` (logs), `anyhow` (CLI and binaries only), `seccompiler` (the sandbox seccomp filter: rust-vmm's
+//! pure-Rust compiler from syscall rules with argument conditions to classic BPF, the one
+//! Firecracker uses; no libseccomp C library to build against or ship); `tar` for tests only.
 #![warn(missing_docs)]
 
 pub mod cgroup;

@@ -546,6 +546,9 @@ mod tests {
             name: "base".to_owned(),
             bytes: 123_456,
             created_unix_ms: 1_700_000_000_002,
+            owner_uid: 1000,
+            dropped_devices: 6,
+            skipped_sockets: 1,
         }
     }
 
@@ -602,6 +605,7 @@ mod tests {
             Request::ImportImage {
                 name: "base".to_owned(),
                 source: "/srv/images/base.tar.zst".to_owned(),
+                with_fd: true,
             },
             Request::ListImages,
             Request::RemoveImage {

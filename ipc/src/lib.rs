@@ -27,7 +27,11 @@
 //! and serves each connection on its own thread through a [`Handler`], one request after the
 //! other. A bad frame is answered with `Response::Error` (`BadRequest`, request id 0) and that
 //! connection is closed; other connections are unaffected. [`Client`] is the blocking
-//! counterpart. [`send_with_fds`] and [`recv_with_fds`] pass file descriptors (`SCM_RIGHTS`);
+//! counterpart. [`send_with_fds`] and [`recv_with_fds`] pass file descriptors (`SCM_RIGHTS`),
+//! [`send_message`] and [`recv_message`] whole frames with descriptors; a request may carry
+//! one ([`Client::call_with_fds`], [`Handler::handle_call`], which also gets the peer's
+//! supplementary groups in [`Caller`]): an image source the client opened with its own
+//! rights ([`Client::import_image`]);
 //! [`send_event`] and [`recv_event`] frame events; `Request::Subscribe` turns a connection into
 //! an event stream fed by [`Handler::subscribe`] and read with [`Client::subscribe`] /
 //! [`Subscription`].
@@ -86,10 +90,11 @@ pub use message::{
     UsernsInfo, UsernsMode,
 };
 pub use transport::{
-    bind_socket, peer_groups, proc_groups, recv_with_fds, send_with_fds, AccessPolicy, BindError,
-    BoundSocket, Client, ClientError, CredsError, FdPassError, Handler, PeerCred, Server,
-    ServerConfig, ServerError, ServerHandle, ShutdownTrigger, Subscription, DEFAULT_SOCKET_MODE,
-    MAX_FDS_PER_MESSAGE,
+    bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_with_fds,
+    send_message, send_with_fds, AccessPolicy, BindError, BoundSocket, Caller, Client, ClientError,
+    CredsError, FdPassError, Handler, PeerCred, Server, ServerConfig, ServerError, ServerHandle,
+    ShutdownTrigger, Subscription, WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE,
+    MAX_REQUEST_FDS,
 };
 
 /// `err` and its chain of sources, joined with `": "` (for error replies and log fields).

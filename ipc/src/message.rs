@@ -23,13 +23,24 @@ pub struct Envelope<T> {
 pub enum Request {
     /// Liveness probe; answered by [`Response::Pong`].
     Ping,
-    /// Import a rootfs directory or a tar archive (plain, gzip or zstd) found at `source` on the
-    /// daemon's host as the read-only image `name`.
+    /// Import a rootfs directory or a tar archive (plain, gzip or zstd) as the read-only image
+    /// `name`, owned by the caller's uid.
+    ///
+    /// With `with_fd`, the source is the one descriptor attached to this request's frame
+    /// (`SCM_RIGHTS`): a directory or a regular file the client opened with its own rights
+    /// (`Client::import_image`). The daemon reads it with the caller's credentials (a
+    /// directory is walked by a child process running as the caller's uid, gid and
+    /// supplementary groups), so a client can import only what it can read itself. Without
+    /// it, `source` is a host path the daemon opens itself, which only root (uid 0) may ask
+    /// for; anyone else is answered [`ErrorCode::PermissionDenied`].
     ImportImage {
         /// Image name: `[A-Za-z0-9._-]{1,64}`.
         name: String,
-        /// Absolute host path of a directory or a tar file.
+        /// With `with_fd`: the client's name for the source (recorded, never opened).
+        /// Without: absolute host path of a directory or a tar file.
         source: String,
+        /// Whether the source rides on this frame as a descriptor.
+        with_fd: bool,
     },
     /// List imported images.
     ListImages,
@@ -467,6 +478,13 @@ pub struct ImageInfo {
     pub bytes: u64,
     /// Import time, milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// Uid of the peer that imported it (only it and root may remove it).
+    pub owner_uid: u32,
+    /// Device nodes under the source's top-level `/dev` left out at import (every sandbox
+    /// mounts its own `/dev`; device nodes anywhere else are refused).
+    pub dropped_devices: u64,
+    /// Unix sockets of a source directory left out at import (a tar cannot hold them).
+    pub skipped_sockets: u64,
 }
 
 /// Daemon status.

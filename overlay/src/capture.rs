@@ -6,7 +6,7 @@
 //! the right offset.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -22,8 +22,9 @@ use crate::format::{
     PAX_MTIME, PAX_PATH,
 };
 use crate::install::InstallLimits;
+use crate::sink::{ArchiveWriter, Sink, StreamWriter};
 use crate::sys::{self, Call, SyscallError, Xattr};
-use crate::walk::{file_type, walk, WalkEntry, WalkErrorSink, WalkFailure};
+use crate::walk::{file_type, walk, walk_fd, WalkEntry, WalkErrorSink, WalkFailure};
 
 /// What [`capture_upper`] wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -205,6 +206,19 @@ pub enum CaptureError {
     },
 }
 
+impl CaptureError {
+    /// Whether the capture stopped because the reader of its output stream went away
+    /// (`EPIPE` writing to [`archive_tree`]'s output), rather than because of the tree.
+    pub fn is_broken_pipe(&self) -> bool {
+        let epipe = Some(rustix::io::Errno::PIPE.raw_os_error());
+        match self {
+            CaptureError::WriteArchive { source, .. } => source.raw_os_error() == epipe,
+            CaptureError::CopyContent { source, .. } => source.errno() == epipe,
+            _ => false,
+        }
+    }
+}
+
 impl WalkErrorSink for CaptureError {
     fn walk_error(path: PathBuf, failure: WalkFailure) -> Self {
         match failure {
@@ -286,8 +300,48 @@ pub fn capture_upper_with_limits(
     }
 }
 
-struct Capture {
-    builder: Builder<ArchiveWriter>,
+/// Archives the directory open as `dir` as a tar stream written to `out` (a pipe, a socket,
+/// any [`Write`]), in the same format and with the same rules as [`capture_upper`]: never
+/// follows a symlink (`dir` is opened again as `.`, everything below relative to its parent's
+/// fd), records owners, modes, nanosecond mtimes, extended attributes, hardlinks, device
+/// nodes and fifos, skips sockets, and enforces `limits`. File content is read with `pread`
+/// and written to `out`, so the stream needs no seeking. Reads happen with the calling
+/// process's credentials: run it in a process holding the rights of whoever the tree is read
+/// for. `label` names the root in errors.
+///
+/// Errors: [`CaptureError`] (`WriteArchive` with `label` when `out` fails); what was written
+/// before an error is not a complete archive (no end marker).
+pub fn archive_tree<W: Write>(
+    dir: BorrowedFd<'_>,
+    label: &Path,
+    out: W,
+    limits: &InstallLimits,
+) -> Result<CaptureStats, CaptureError> {
+    let started = Instant::now();
+    let mut capture = Capture {
+        builder: Builder::new(StreamWriter::new(out)),
+        archive: label.to_path_buf(),
+        links: HashMap::new(),
+        stats: CaptureStats::default(),
+        limits: *limits,
+    };
+    walk_fd(dir, label, &[], limits.max_entries, |entry| {
+        capture.add(entry)
+    })?;
+    let stats = capture.finish()?;
+    tracing::debug!(
+        root = %label.display(),
+        entries = stats.entries,
+        bytes = stats.bytes,
+        content_bytes = stats.content_bytes,
+        elapsed_us = started.elapsed().as_micros() as u64,
+        "archived tree to a stream"
+    );
+    Ok(stats)
+}
+
+struct Capture<S: Sink> {
+    builder: Builder<S>,
     archive: PathBuf,
     /// First archived path of every inode with more than one link, by (device, inode).
     links: HashMap<(u32, u32, u64), Vec<u8>>,
@@ -333,7 +387,7 @@ pub(crate) fn check_path_len(rel: &[u8]) -> Result<(), CaptureError> {
     Ok(())
 }
 
-impl Capture {
+impl<S: Sink> Capture<S> {
     fn add(&mut self, entry: &WalkEntry<'_>) -> Result<(), CaptureError> {
         let rel = entry.rel;
         check_path_len(rel)?;
@@ -567,105 +621,14 @@ fn set_name_field(field: &mut [u8], value: &[u8]) -> bool {
     value.len() <= field.len()
 }
 
-/// The archive file behind a 1 MiB buffer, written with positioned writes so that file
-/// content can be copied in by the kernel at the right offset.
-struct ArchiveWriter {
-    file: File,
-    buf: Vec<u8>,
-    /// Bytes already in the file.
-    written: u64,
-}
-
-impl std::fmt::Debug for ArchiveWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ArchiveWriter")
-            .field("written", &self.written)
-            .field("buffered", &self.buf.len())
-            .finish()
-    }
-}
-
-const BUFFER_BYTES: usize = 1 << 20;
-/// Files up to this size are read into the buffer; larger ones are copied by the kernel.
-const INLINE_MAX_BYTES: u64 = 256 << 10;
-const BLOCK: u64 = 512;
-
-impl ArchiveWriter {
-    fn new(file: File) -> Self {
-        Self {
-            file,
-            buf: Vec::with_capacity(BUFFER_BYTES),
-            written: 0,
-        }
-    }
-
-    /// Archive size so far, buffered bytes included.
-    fn position(&self) -> u64 {
-        self.written + self.buf.len() as u64
-    }
-
-    fn flush_buffer(&mut self) -> Result<(), SyscallError> {
-        if !self.buf.is_empty() {
-            sys::write_all_at(self.file.as_fd(), &self.buf, self.written)?;
-            self.written += self.buf.len() as u64;
-            self.buf.clear();
-        }
-        Ok(())
-    }
-
-    /// Appends up to `size` bytes of `src` (from offset 0) and the zero padding to the next
-    /// 512-byte block; returns the bytes of content copied (less than `size` only when
-    /// `src` ended early, in which case no padding is written).
-    fn append_content(&mut self, src: BorrowedFd<'_>, size: u64) -> Result<u64, SyscallError> {
-        let copied = if size <= INLINE_MAX_BYTES {
-            let size = size as usize;
-            if self.buf.len() + size > self.buf.capacity() {
-                self.flush_buffer()?;
-            }
-            let start = self.buf.len();
-            self.buf.resize(start + size, 0);
-            let n = sys::read_full_at(src, &mut self.buf[start..], 0)?;
-            self.buf.truncate(start + n);
-            n as u64
-        } else {
-            self.flush_buffer()?;
-            let n = sys::copy_range(src, 0, self.file.as_fd(), self.written, size)?;
-            self.written += n;
-            n
-        };
-        if copied == size {
-            let pad = (BLOCK - size % BLOCK) % BLOCK;
-            self.buf.extend(std::iter::repeat_n(0u8, pad as usize));
-        }
-        Ok(copied)
-    }
-}
-
-impl Write for ArchiveWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if self.buf.len() + data.len() > self.buf.capacity() {
-            self.flush_buffer().map_err(|e| e.source)?;
-        }
-        if data.len() >= self.buf.capacity() {
-            sys::write_all_at(self.file.as_fd(), data, self.written).map_err(|e| e.source)?;
-            self.written += data.len() as u64;
-        } else {
-            self.buf.extend_from_slice(data);
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.flush_buffer().map_err(|e| e.source)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
     use std::io::Read;
     use std::os::unix::fs::symlink;
 
     use super::*;
+    use crate::sink::INLINE_MAX_BYTES;
 
     #[test]
     fn name_fields_hold_short_names_and_flag_long_ones() {

@@ -11,22 +11,14 @@
 //! are checked before anything is created; see [`InstallError`] for every rejection.
 
 use std::fs::File;
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tar::{Entry, EntryType, Header};
-
-use crate::format::{
-    parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES, MAX_PATH_BYTES,
-};
 use crate::sys::{self, SyscallError};
-use crate::tree::{
-    check_device, check_symlink_target, check_xattr, lossy, name_error, open_empty_target,
-    parse_hardlink_target, parse_name, path_of, ContentSource, Installer, Member, MemberKind,
-    RegularData,
-};
+use crate::tree::{check_device, open_empty_target, ContentSource, Installer, MemberKind};
+use crate::unpack::{for_each_member, Content};
 
 /// Bounds on what one archive may install. Exceeding any is an error naming the entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,8 +232,31 @@ pub enum InstallError {
         /// Device minor number.
         minor: u32,
     },
+    /// A device node in an image outside its top-level device directory (`/dev`, whose
+    /// device nodes are dropped: every sandbox mounts its own): it would give sandboxes raw
+    /// access to a host device.
+    #[error("{path}: {kind} device {major}:{minor} is not allowed in an image (only under /{dir}, where device nodes are dropped)")]
+    DeviceInImage {
+        /// The member.
+        path: PathBuf,
+        /// `"character"` or `"block"`.
+        kind: &'static str,
+        /// Device major number.
+        major: u32,
+        /// Device minor number.
+        minor: u32,
+        /// The top-level directory whose device nodes are dropped.
+        dir: String,
+    },
+    /// An overlay whiteout (0:0 character device) in a flat image, where it means nothing
+    /// but would hide a file once the image is a lower layer.
+    #[error("{path}: overlay whiteout (0:0 character device) is not allowed in an image")]
+    WhiteoutInImage {
+        /// The member.
+        path: PathBuf,
+    },
     /// An extended attribute outside `user.`, `security.`, `trusted.`, the POSIX ACLs, or
-    /// with an invalid name or oversized value.
+    /// with an invalid name or oversized value (or an overlay attribute in an image).
     #[error("{path}: extended attribute {name:?} rejected ({reason})")]
     ForbiddenXattr {
         /// The member.
@@ -348,6 +363,15 @@ pub enum InstallError {
         #[source]
         source: SyscallError,
     },
+    /// Reading a file's content from a tar stream failed.
+    #[error("{path}: reading content from the archive failed")]
+    ReadMember {
+        /// The member.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
     /// The archive ends inside a file's content.
     #[error("{path}: archive ends after {copied} of {expected} content bytes")]
     ArchiveTruncated {
@@ -400,46 +424,19 @@ pub fn install_upper(
         source,
     };
     let mut tar = tar::Archive::new(BufReader::with_capacity(64 << 10, &file));
-    let mut pending = Extensions::default();
-    let mut end = 0u64;
-    for entry in tar.entries_with_seek().map_err(read_err)?.raw(true) {
-        let mut entry = entry.map_err(read_err)?;
-        let offset = entry.raw_header_position();
-        end = entry
-            .raw_file_position()
-            .saturating_add(entry.size().div_ceil(512).saturating_mul(512));
-        match entry.header().entry_type() {
-            EntryType::XHeader => {
-                let data = read_extension(
-                    &mut entry,
-                    offset,
-                    MAX_EXTENSION_BYTES,
-                    pending.pax.is_some(),
-                )
-                .map_err(|e| e.into_install(archive))?;
-                pending.pax = Some((offset, data));
-            }
-            EntryType::GNULongName => {
-                let max = MAX_PATH_BYTES as u64 + 1;
-                let data = read_extension(&mut entry, offset, max, pending.long_name.is_some())
-                    .map_err(|e| e.into_install(archive))?;
-                pending.long_name = Some((offset, strip_nul(data)));
-            }
-            EntryType::GNULongLink => {
-                let max = MAX_PATH_BYTES as u64 + 1;
-                let data = read_extension(&mut entry, offset, max, pending.long_link.is_some())
-                    .map_err(|e| e.into_install(archive))?;
-                pending.long_link = Some((offset, strip_nul(data)));
-            }
-            _ => {
-                let member = parse_member(&entry, std::mem::take(&mut pending))?;
-                installer.install(member)?;
-            }
+    let entries = tar.entries_with_seek().map_err(read_err)?;
+    let end = for_each_member(entries, archive, Content::Seek, |mut member, _| {
+        if let MemberKind::Device {
+            block,
+            major,
+            minor,
+        } = member.kind
+        {
+            check_device(&member.raw, block, major, minor)?;
+            member.kind = MemberKind::Whiteout;
         }
-    }
-    if let Some(offset) = pending.first_offset() {
-        return Err(InstallError::MisplacedExtension { offset });
-    }
+        installer.install(member)
+    })?;
     let mut marker = [0u8; 1024];
     let n = sys::read_full_at(file.as_fd(), &mut marker, end).map_err(|e| read_err(e.source))?;
     if n < marker.len() || marker.iter().any(|b| *b != 0) {
@@ -458,227 +455,4 @@ pub fn install_upper(
         "installed upper layer"
     );
     Ok(stats)
-}
-
-/// Extension headers seen since the last member, each as (header offset, payload): a PAX
-/// record block, a GNU long name, a GNU long link target.
-#[derive(Default)]
-struct Extensions {
-    pax: Option<(u64, Vec<u8>)>,
-    long_name: Option<(u64, Vec<u8>)>,
-    long_link: Option<(u64, Vec<u8>)>,
-}
-
-impl Extensions {
-    fn first_offset(&self) -> Option<u64> {
-        [&self.pax, &self.long_name, &self.long_link]
-            .into_iter()
-            .filter_map(|ext| ext.as_ref().map(|(offset, _)| *offset))
-            .min()
-    }
-}
-
-enum ExtensionError {
-    TooLarge { offset: u64, size: u64, max: u64 },
-    Duplicate { offset: u64 },
-    Read(io::Error),
-}
-
-impl ExtensionError {
-    fn into_install(self, archive: &Path) -> InstallError {
-        match self {
-            ExtensionError::TooLarge { offset, size, max } => {
-                InstallError::ExtensionTooLarge { offset, size, max }
-            }
-            ExtensionError::Duplicate { offset } => InstallError::MisplacedExtension { offset },
-            ExtensionError::Read(source) => InstallError::ReadArchive {
-                path: archive.to_path_buf(),
-                source,
-            },
-        }
-    }
-}
-
-fn read_extension<R: Read>(
-    entry: &mut Entry<'_, R>,
-    offset: u64,
-    max: u64,
-    duplicate: bool,
-) -> Result<Vec<u8>, ExtensionError> {
-    if duplicate {
-        return Err(ExtensionError::Duplicate { offset });
-    }
-    let size = entry.size();
-    if size > max {
-        return Err(ExtensionError::TooLarge { offset, size, max });
-    }
-    let mut data = Vec::with_capacity(size as usize);
-    entry.read_to_end(&mut data).map_err(ExtensionError::Read)?;
-    if data.len() as u64 != size {
-        return Err(ExtensionError::Read(io::ErrorKind::UnexpectedEof.into()));
-    }
-    Ok(data)
-}
-
-fn strip_nul(mut data: Vec<u8>) -> Vec<u8> {
-    if data.last() == Some(&0) {
-        data.pop();
-    }
-    data
-}
-
-fn parse_member<R: Read>(entry: &Entry<'_, R>, ext: Extensions) -> Result<Member, InstallError> {
-    let header: &Header = entry.header();
-    let records = match &ext.pax {
-        Some((pax_offset, pax)) => {
-            parse_pax_records(pax).map_err(|reason| InstallError::MalformedExtension {
-                offset: *pax_offset,
-                reason,
-            })?
-        }
-        None => Vec::new(),
-    };
-    let pax_value = |key: &[u8]| {
-        records
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.to_vec())
-    };
-    let raw = pax_value(b"path")
-        .or(ext.long_name.map(|(_, name)| name))
-        .unwrap_or_else(|| header.path_bytes().into_owned());
-    let path = || path_of(&raw);
-    let invalid = |field: &'static str, value: &[u8]| InstallError::InvalidField {
-        path: path_of(&raw),
-        field,
-        value: lossy(value),
-    };
-
-    let kind_flag = header.entry_type();
-    let is_dir = kind_flag == EntryType::Directory;
-    let components = parse_name(&raw, is_dir).map_err(|e| name_error(&raw, e))?;
-
-    let old = header.as_old();
-    let mut uid = header.uid().map_err(|_| invalid("uid", &old.uid))?;
-    let mut gid = header.gid().map_err(|_| invalid("gid", &old.gid))?;
-    let mtime_header = header.mtime().map_err(|_| invalid("mtime", &old.mtime))?;
-    let mut mtime = (
-        i64::try_from(mtime_header).map_err(|_| invalid("mtime", &old.mtime))?,
-        0u32,
-    );
-    let mode = header.mode().map_err(|_| invalid("mode", &old.mode))? & 0o7777;
-
-    let mut xattrs = Vec::new();
-    for &(key, value) in &records {
-        match key {
-            b"path" | b"linkpath" => {}
-            b"mtime" => mtime = parse_mtime(value).ok_or_else(|| invalid("mtime", value))?,
-            b"uid" | b"gid" => {
-                let id = std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .ok_or_else(|| invalid(if key == b"uid" { "uid" } else { "gid" }, value))?;
-                if key == b"uid" {
-                    uid = id;
-                } else {
-                    gid = id;
-                }
-            }
-            b"size" => {
-                return Err(InstallError::UnsupportedExtension {
-                    path: path(),
-                    key: lossy(key),
-                })
-            }
-            k if k.starts_with(b"GNU.sparse.") => {
-                return Err(InstallError::UnsupportedExtension {
-                    path: path(),
-                    key: lossy(key),
-                })
-            }
-            k => match xattr_name_from_key(k) {
-                Some(Ok(name)) => {
-                    check_xattr(&raw, &name, value)?;
-                    xattrs.push((name, value.to_vec()));
-                }
-                Some(Err(())) => {
-                    return Err(InstallError::ForbiddenXattr {
-                        path: path(),
-                        name: lossy(k),
-                        reason: "malformed hex name",
-                    })
-                }
-                None => {
-                    tracing::trace!(path = %path().display(), key = %lossy(k), "ignoring PAX record");
-                }
-            },
-        }
-    }
-    let owner = |field: &'static str, id: u64| {
-        // u32::MAX is -1, "leave unchanged", for chown.
-        u32::try_from(id)
-            .ok()
-            .filter(|id| *id != u32::MAX)
-            .ok_or_else(|| invalid(field, id.to_string().as_bytes()))
-    };
-    let uid = owner("uid", uid)?;
-    let gid = owner("gid", gid)?;
-
-    let link = || {
-        pax_value(b"linkpath")
-            .or_else(|| ext.long_link.as_ref().map(|(_, link)| link.clone()))
-            .or_else(|| header.link_name_bytes().map(|l| l.into_owned()))
-            .unwrap_or_default()
-    };
-    let size = entry.size();
-    let kind = match kind_flag {
-        EntryType::Directory => MemberKind::Directory,
-        EntryType::Regular | EntryType::Continuous => MemberKind::Regular {
-            size,
-            data: RegularData::Archive {
-                offset: entry.raw_file_position(),
-            },
-        },
-        EntryType::Symlink => {
-            let target = link();
-            check_symlink_target(&raw, &target)?;
-            MemberKind::Symlink { target }
-        }
-        EntryType::Link => MemberKind::Hardlink {
-            target: parse_hardlink_target(&raw, &link())?,
-        },
-        EntryType::Char | EntryType::Block => {
-            // dev_major and dev_minor sit at the same offsets in ustar and GNU headers.
-            let device = |_| invalid("device", &header.as_bytes()[329..345]);
-            let major = header.device_major().map_err(device)?;
-            let minor = header.device_minor().map_err(device)?;
-            let block = kind_flag == EntryType::Block;
-            check_device(&raw, block, major.unwrap_or(0), minor.unwrap_or(0))?;
-            MemberKind::Whiteout
-        }
-        EntryType::Fifo => MemberKind::Fifo,
-        other => {
-            return Err(InstallError::UnsupportedEntry {
-                path: path(),
-                kind: char::from(other.as_byte()),
-            })
-        }
-    };
-    if size != 0 && !matches!(kind, MemberKind::Regular { .. }) {
-        return Err(InstallError::UnexpectedData { path: path(), size });
-    }
-    if components.is_empty() && !matches!(kind, MemberKind::Directory) {
-        return Err(InstallError::RootNotDirectory { path: path() });
-    }
-    Ok(Member {
-        raw: raw.clone(),
-        components,
-        kind,
-        mode,
-        uid,
-        gid,
-        mtime,
-        xattrs,
-    })
 }

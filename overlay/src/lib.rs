@@ -14,6 +14,12 @@
 //! and checkpoint dirs) without recursion, with a bounded number of fds, without following
 //! a symlink or leaving the root's mount.
 //!
+//! Images (the read-only lower layers) use the same two halves on other inputs:
+//! [`archive_tree`] streams a tar of any directory fd (run it with the credentials of whoever
+//! the tree is read for), and [`install_image`] unpacks a tar stream with the hardened tree
+//! builder under the rules of a flat image (device nodes refused, those under `dev/`
+//! dropped, no whiteouts, no overlay attributes; see [`image`]).
+//!
 //! # What an upper layer contains (overlayfs, as root sees the upper directory)
 //!
 //! - Files, directories, symlinks, fifos, sockets created or modified through the merged
@@ -119,20 +125,26 @@ pub mod capture;
 pub mod digest;
 mod format;
 mod idmap;
+pub mod image;
 pub mod install;
 pub mod layer;
 pub mod mount;
 pub mod remove;
+mod sink;
 mod sys;
 mod tree;
+mod unpack;
 mod walk;
 
-pub use capture::{capture_upper, capture_upper_with_limits, CaptureError, CaptureStats};
+pub use capture::{
+    archive_tree, capture_upper, capture_upper_with_limits, CaptureError, CaptureStats,
+};
 pub use digest::{
     file_digest, first_difference, metadata_fingerprint, tree_bytes, tree_digest, tree_listing,
     DigestError, DIGEST_MAX_NAMES,
 };
 pub use idmap::{AttachedTree, IdmappedTree};
+pub use image::{install_image, ImageOptions, ImageStats};
 pub use install::{install_upper, InstallError, InstallLimits, InstallStats};
 pub use mount::{is_mountpoint, unmount, MountError, MountFailure, MountOptions, OverlayMount};
 pub use remove::{

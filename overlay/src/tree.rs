@@ -14,6 +14,7 @@
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::File;
+use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -60,6 +61,13 @@ pub(crate) enum MemberKind {
     },
     Whiteout,
     Fifo,
+    /// A character or block device node as read from an archive, before the caller's rules
+    /// (whiteout, refused, dropped) decided about it; never created.
+    Device {
+        block: bool,
+        major: u32,
+        minor: u32,
+    },
 }
 
 /// Where a regular file's content comes from.
@@ -72,13 +80,15 @@ pub(crate) enum RegularData {
         blob: Option<BlobId>,
         extents: Vec<Extent>,
     },
+    /// `size` bytes read from the member's reader in a tar stream.
+    Stream,
 }
 
 impl RegularData {
     /// Bytes of data the file holds (holes excluded), given its apparent size.
     fn data_bytes(&self, size: u64) -> u64 {
         match self {
-            RegularData::Archive { .. } => size,
+            RegularData::Archive { .. } | RegularData::Stream => size,
             RegularData::Blob { extents, .. } => extents.iter().map(|e| e.len).sum(),
         }
     }
@@ -91,6 +101,9 @@ pub(crate) enum ContentSource<'a> {
     /// The blob store (members carry [`RegularData::Blob`]); `verify` re-hashes every
     /// blob while copying it.
     Blobs { store: &'a BlobStore, verify: bool },
+    /// A tar stream (members carry [`RegularData::Stream`]; the content reader comes with
+    /// each member, see [`Installer::install_from`]).
+    Stream,
 }
 
 pub(crate) fn lossy(bytes: &[u8]) -> String {
@@ -284,11 +297,15 @@ pub(crate) struct Installer<'a> {
     /// previous one, at most [`CHAIN_MAX`] of them (the deepest; shallower parents are
     /// resolved again). Saves an `openat2` per member in pre-order archives.
     chain: Vec<(Vec<Vec<u8>>, Rc<OwnedFd>)>,
+    /// Copy buffer for streamed content (allocated on first use).
+    buf: Vec<u8>,
 }
 
 /// Most directory fds the installer's chain holds, whatever the depth of the layer (a
 /// 2048-deep layer would otherwise hold 2048 fds of the daemon while it is materialized).
 const CHAIN_MAX: usize = 16;
+/// Bytes copied per read from a streamed member.
+const STREAM_CHUNK: usize = 256 << 10;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
@@ -327,6 +344,7 @@ impl<'a> Installer<'a> {
             dirs: Vec::new(),
             root: None,
             chain: Vec::new(),
+            buf: Vec::new(),
         }
     }
 
@@ -378,13 +396,21 @@ impl<'a> Installer<'a> {
     /// Writes the content of a new regular file of `size` bytes; returns the data bytes
     /// written (holes are left as holes).
     fn fill(
-        &self,
+        &mut self,
         fd: BorrowedFd<'_>,
         raw: &[u8],
         size: u64,
         data: &RegularData,
+        reader: Option<&mut dyn Read>,
     ) -> Result<u64, InstallError> {
         match (data, &self.content) {
+            (RegularData::Stream, ContentSource::Stream) => match reader {
+                Some(reader) => self.fill_from_stream(fd, raw, size, reader),
+                None => Err(InstallError::UnsupportedEntry {
+                    path: path_of(raw),
+                    kind: '0',
+                }),
+            },
             (RegularData::Archive { offset }, ContentSource::Archive(archive)) => {
                 if size == 0 {
                     return Ok(0);
@@ -435,6 +461,48 @@ impl<'a> Installer<'a> {
         }
     }
 
+    /// Copies exactly `size` bytes from `reader` into the new file `fd`.
+    fn fill_from_stream(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        raw: &[u8],
+        size: u64,
+        reader: &mut dyn Read,
+    ) -> Result<u64, InstallError> {
+        if self.buf.is_empty() {
+            self.buf = vec![0; STREAM_CHUNK];
+        }
+        let mut copied = 0u64;
+        while copied < size {
+            let want = (size - copied).min(self.buf.len() as u64) as usize;
+            let n = match reader.read(&mut self.buf[..want]) {
+                Ok(0) => {
+                    return Err(InstallError::ArchiveTruncated {
+                        path: path_of(raw),
+                        expected: size,
+                        copied,
+                    })
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(InstallError::ReadMember {
+                        path: path_of(raw),
+                        source,
+                    })
+                }
+            };
+            sys::write_all_at(fd, &self.buf[..n], copied).map_err(|source| {
+                InstallError::CopyContent {
+                    path: path_of(raw),
+                    source,
+                }
+            })?;
+            copied += n as u64;
+        }
+        Ok(size)
+    }
+
     fn check_limits(&mut self, member: &Member) -> Result<(), InstallError> {
         let path = || path_of(&member.raw);
         if self.stats.entries >= self.limits.max_entries {
@@ -475,6 +543,29 @@ impl<'a> Installer<'a> {
 
     /// Creates one member (parents must already exist).
     pub(crate) fn install(&mut self, member: Member) -> Result<(), InstallError> {
+        self.install_from(member, None)
+    }
+
+    /// Creates one member whose content (for [`RegularData::Stream`]) is read from `reader`.
+    pub(crate) fn install_from(
+        &mut self,
+        member: Member,
+        reader: Option<&mut dyn Read>,
+    ) -> Result<(), InstallError> {
+        if let MemberKind::Device {
+            block,
+            major,
+            minor,
+        } = member.kind
+        {
+            // The caller's rules turn 0:0 into a whiteout or refuse the member; a device
+            // that reaches this point is never created.
+            check_device(&member.raw, block, major, minor)?;
+            return Err(InstallError::UnsupportedEntry {
+                path: path_of(&member.raw),
+                kind: '3',
+            });
+        }
         self.check_limits(&member)?;
         let raw = member.raw.as_slice();
         let path = || path_of(raw);
@@ -550,7 +641,7 @@ impl<'a> Installer<'a> {
                 let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))
                     .call("openat")
                     .map_err(create_err)?;
-                let written = self.fill(fd.as_fd(), raw, *size, data)?;
+                let written = self.fill(fd.as_fd(), raw, *size, data, reader)?;
                 self.stats.content_bytes += written;
                 set_owner_and_xattrs_fd(fd.as_fd(), &member, &member.xattrs).map_err(meta_err)?;
                 rustix::fs::fchmod(&fd, Mode::from_raw_mode(member.mode))
@@ -565,6 +656,12 @@ impl<'a> Installer<'a> {
                     .call("symlinkat")
                     .map_err(create_err)?;
                 set_metadata_at(dir, name, &member, false).map_err(meta_err)?;
+            }
+            MemberKind::Device { .. } => {
+                return Err(InstallError::UnsupportedEntry {
+                    path: path(),
+                    kind: '3',
+                })
             }
             MemberKind::Whiteout | MemberKind::Fifo => {
                 let file_type = if matches!(member.kind, MemberKind::Fifo) {

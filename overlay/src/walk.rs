@@ -120,8 +120,25 @@ pub(crate) fn walk<E: WalkErrorSink>(
     root: &Path,
     exclude: &[Vec<u8>],
     max_names: u64,
+    visit: impl FnMut(&WalkEntry<'_>) -> Result<(), E>,
+) -> Result<(), E> {
+    let root_fd = rustix::fs::openat(CWD, root, DIR_FLAGS, Mode::empty())
+        .call("openat")
+        .map_err(|e| E::walk_error(root.to_path_buf(), WalkFailure::Syscall(e)))?;
+    walk_fd(root_fd.as_fd(), root, exclude, max_names, visit)
+}
+
+/// [`walk`] of the directory open as `dir` (any open mode, `O_PATH` included: it is opened
+/// again as `.` for reading, with the permissions of the calling process). `label` stands
+/// for the root in error paths.
+pub(crate) fn walk_fd<E: WalkErrorSink>(
+    dir: BorrowedFd<'_>,
+    label: &Path,
+    exclude: &[Vec<u8>],
+    max_names: u64,
     mut visit: impl FnMut(&WalkEntry<'_>) -> Result<(), E>,
 ) -> Result<(), E> {
+    let root = label;
     let fail = |rel: &[u8], failure: WalkFailure| {
         let path = if rel.is_empty() {
             root.to_path_buf()
@@ -131,7 +148,7 @@ pub(crate) fn walk<E: WalkErrorSink>(
         E::walk_error(path, failure)
     };
     let syscall = |rel: &[u8], source: SyscallError| fail(rel, WalkFailure::Syscall(source));
-    let root_fd = rustix::fs::openat(CWD, root, DIR_FLAGS, Mode::empty())
+    let root_fd = rustix::fs::openat(dir, c".", DIR_FLAGS, Mode::empty())
         .call("openat")
         .map_err(|e| syscall(b"", e))?;
     let stat = rustix::fs::statx(&root_fd, c"", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)

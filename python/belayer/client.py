@@ -254,8 +254,13 @@ class Client(_Handle):
         return _lib.take_string(out)
 
     def import_image(self, name: Text, source: Text, exist_ok: bool = False) -> None:
-        """Imports the rootfs directory or tar archive ``source`` (a path on the daemon's
-        host) as image ``name``; an existing image is fine when ``exist_ok``."""
+        """Imports the rootfs directory or tar archive ``source`` as image ``name``, owned by
+        this process's uid; an existing image is fine when ``exist_ok``.
+
+        The library opens ``source`` with this process's rights and passes the descriptor to
+        the daemon, which reads only what this process may read (a directory is walked as its
+        uid and groups): an unreadable entry raises :class:`PermissionDeniedError`, a device
+        node outside the source's ``/dev`` :class:`BadRequestError`."""
         rc = self._lib.belayer_image_import(self._handle, _c(name), _c(source))
         if exist_ok and rc == -23:
             return

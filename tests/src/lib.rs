@@ -6,6 +6,8 @@
 //! `/var/cache/belayer/images/{busybox,bookworm-python}/rootfs`).
 #![warn(missing_docs)]
 
+pub mod peer;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -85,6 +87,42 @@ pub fn is_btrfs(path: &Path) -> bool {
     rc == 0 && st.f_type as i64 == 0x9123_683e
 }
 
+/// An unprivileged identity a test process runs as: uid, primary gid and supplementary
+/// groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// Makes `cmd` run as this identity: the forked child calls `setgroups`, `setresgid` and
+    /// `setresuid` (in that order, real, effective and saved ids) before it execs.
+    pub fn apply(&self, cmd: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        let (uid, gid) = (self.uid, self.gid);
+        let groups: Vec<libc::gid_t> = self.groups.clone();
+        // SAFETY: the closure runs in the forked child before exec and only makes the
+        // async-signal-safe calls setgroups, setresgid and setresuid on memory (`groups`)
+        // that was allocated before the fork and is only read.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
 /// A `belayerd` process with its own socket and state dir; killed and cleaned on drop
 /// (sandboxes are removed first, because they outlive the daemon on purpose).
 #[derive(Debug)]
@@ -94,11 +132,13 @@ pub struct Daemon {
     /// State dir.
     pub state_dir: PathBuf,
     dir: tempfile::TempDir,
+    sock_dir: tempfile::TempDir,
     child: Option<Child>,
     log: PathBuf,
     test_hooks: bool,
     no_bpf: bool,
     config: Option<PathBuf>,
+    socket_gid: Option<u32>,
 }
 
 /// How [`Daemon::start_options`] starts a daemon.
@@ -112,6 +152,8 @@ pub struct DaemonOptions {
     pub config: String,
     /// State dir (default: `state` in the daemon's temp dir on [`state_root`]).
     pub state_dir: Option<PathBuf>,
+    /// `--socket-gid`: members of this group may use the socket.
+    pub socket_gid: Option<u32>,
 }
 
 impl Daemon {
@@ -131,10 +173,26 @@ impl Daemon {
         Self::start_opts(test_hooks, false)
     }
 
+    /// Starts a daemon with test hooks whose socket also admits the members of group `gid`
+    /// (`--socket-gid`): the socket file belongs to that group (mode 0660) and the test dir
+    /// is made traversable (0711), so an unprivileged process in the group can connect.
+    pub fn start_with_socket_gid(gid: u32) -> Daemon {
+        Self::start_full(true, false, Some(gid))
+    }
+
     fn start_opts(test_hooks: bool, no_bpf: bool) -> Daemon {
         Self::start_options(DaemonOptions {
             test_hooks,
             no_bpf,
+            ..DaemonOptions::default()
+        })
+    }
+
+    fn start_full(test_hooks: bool, no_bpf: bool, socket_gid: Option<u32>) -> Daemon {
+        Self::start_options(DaemonOptions {
+            test_hooks,
+            no_bpf,
+            socket_gid,
             ..DaemonOptions::default()
         })
     }
@@ -145,7 +203,18 @@ impl Daemon {
             .prefix("belayer-e2e-")
             .tempdir_in(state_root())
             .expect("tempdir");
-        let socket = dir.path().join("belayer.sock");
+        // The socket lives apart from the state (whose parent is root-only), in a dir that a
+        // socket-group member can traverse.
+        let sock_dir = tempfile::Builder::new()
+            .prefix("belayer-e2e-sock-")
+            .tempdir_in("/tmp")
+            .expect("socket tempdir");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(sock_dir.path(), std::fs::Permissions::from_mode(0o711))
+                .expect("chmod socket dir");
+        }
+        let socket = sock_dir.path().join("belayer.sock");
         let state_dir = opts.state_dir.unwrap_or_else(|| dir.path().join("state"));
         let log = dir.path().join("belayerd.log");
         let config = (!opts.config.is_empty()).then(|| {
@@ -157,11 +226,13 @@ impl Daemon {
             socket,
             state_dir,
             dir,
+            sock_dir,
             child: None,
             log,
             test_hooks: opts.test_hooks,
             no_bpf: opts.no_bpf,
             config,
+            socket_gid: opts.socket_gid,
         };
         d.spawn();
         d
@@ -185,6 +256,9 @@ impl Daemon {
         }
         if self.no_bpf {
             cmd.arg("--no-bpf");
+        }
+        if let Some(gid) = self.socket_gid {
+            cmd.arg("--socket-gid").arg(gid.to_string());
         }
         let child = cmd
             .arg("--socket")
@@ -299,6 +373,7 @@ impl Daemon {
         match self.call(Request::ImportImage {
             name: name.into(),
             source: rootfs.display().to_string(),
+            with_fd: false,
         }) {
             Response::Image(_) => {}
             Response::Error(e) if e.code == belayer_ipc::ErrorCode::AlreadyExists => {}
@@ -460,6 +535,6 @@ impl Drop for Daemon {
         if std::thread::panicking() {
             eprintln!("---- belayerd log ----\n{}", self.log_text());
         }
-        let _ = &self.dir;
+        let _ = (&self.dir, &self.sock_dir);
     }
 }

@@ -94,6 +94,7 @@ fn unknown_ids_and_names() {
         d.call(Request::ImportImage {
             name: "../evil".into(),
             source: "/".into(),
+            with_fd: false,
         }),
         ErrorCode::BadRequest,
     );

@@ -104,13 +104,7 @@ pub(super) fn ensure_image(c: &mut Client, name: &str, rootfs: &Path) -> Result<
             rootfs.display()
         );
     }
-    call(
-        c,
-        Request::ImportImage {
-            name: name.into(),
-            source: rootfs.display().to_string(),
-        },
-    )?;
+    super::import_image(c, name, rootfs)?;
     Ok(())
 }
 

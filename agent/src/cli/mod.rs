@@ -77,10 +77,15 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ImageCmd {
     /// Import a rootfs directory or a tar (plain, gzip, zstd) as image NAME.
+    ///
+    /// The source is opened by this command with your own rights and passed to belayerd as
+    /// a descriptor: belayerd reads only what you can read (a directory is walked as your
+    /// uid and groups). Device nodes are refused, except under the source's top-level /dev,
+    /// where they are left out (every sandbox has its own /dev).
     Import {
         /// Image name.
         name: String,
-        /// Directory or archive on the daemon's host.
+        /// Directory or archive, readable by you.
         path: PathBuf,
     },
     /// List images.
@@ -262,6 +267,24 @@ pub fn call(client: &mut Client, req: Request) -> Result<Response> {
     }
 }
 
+/// Imports the directory or archive at `path` as image `name`, passing it as a descriptor
+/// opened here with this process's rights ([`Client::import_image`]); an error reply becomes
+/// a [`DaemonError`].
+pub fn import_image(client: &mut Client, name: &str, path: &std::path::Path) -> Result<Response> {
+    let response = client.import_image(name, path).map_err(|e| match e {
+        open @ belayer_ipc::ClientError::OpenSource { .. } => anyhow::Error::new(open),
+        other => anyhow::Error::new(other).context("talking to belayerd"),
+    })?;
+    match response {
+        Response::Error(e) => Err(DaemonError {
+            code: e.code,
+            message: e.message,
+        }
+        .into()),
+        r => Ok(r),
+    }
+}
+
 /// Connects to the daemon.
 pub fn connect(socket: &std::path::Path) -> Result<Client> {
     Client::connect(socket).with_context(|| {
@@ -288,15 +311,7 @@ pub fn run(cli: Cli) -> Result<i32> {
     match command {
         Command::Status => p.response(call(&mut c, Request::Status)?),
         Command::Image(ImageCmd::Import { name, path }) => {
-            let path = std::fs::canonicalize(&path)
-                .with_context(|| format!("image source {}", path.display()))?;
-            p.response(call(
-                &mut c,
-                Request::ImportImage {
-                    name,
-                    source: path.display().to_string(),
-                },
-            )?)
+            p.response(import_image(&mut c, &name, &path)?)
         }
         Command::Image(ImageCmd::Ls) => p.response(call(&mut c, Request::ListImages)?),
         Command::Image(ImageCmd::Rm { name }) => {

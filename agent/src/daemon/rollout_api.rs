@@ -21,23 +21,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Fan-out of daemon events to every subscriber.
+/// Fan-out of daemon events to the subscribers that may see them.
 #[derive(Debug, Default)]
 pub struct EventBus {
-    subscribers: Mutex<Vec<Sender<Event>>>,
+    /// Each subscriber with the uid whose sandboxes it sees (`None`: all).
+    subscribers: Mutex<Vec<(Sender<Event>, Option<u32>)>>,
 }
 
 impl EventBus {
-    /// Sends `event` to every live subscriber; subscribers that went away are dropped.
-    pub fn publish(&self, event: Event) {
-        tracing::debug!(?event, "event");
-        lock(&self.subscribers).retain(|tx| tx.send(event.clone()).is_ok());
+    /// Sends `event`, about a sandbox owned by `owner` (`None`: unknown, e.g. already
+    /// removed), to every live subscriber that sees all sandboxes or that owner's;
+    /// subscribers that went away are dropped.
+    pub fn publish(&self, event: Event, owner: Option<u32>) {
+        tracing::debug!(?event, ?owner, "event");
+        lock(&self.subscribers).retain(|(tx, viewer)| match viewer {
+            Some(uid) if owner != Some(*uid) => true,
+            _ => tx.send(event.clone()).is_ok(),
+        });
     }
 
-    /// A new subscription: every event published from now on.
-    pub fn subscribe(&self) -> Receiver<Event> {
+    /// A new subscription: every event published from now on about the sandboxes of uid
+    /// `viewer` (`None`: of every sandbox).
+    pub fn subscribe(&self, viewer: Option<u32>) -> Receiver<Event> {
         let (tx, rx) = mpsc::channel();
-        lock(&self.subscribers).push(tx);
+        lock(&self.subscribers).push((tx, viewer));
         rx
     }
 }
@@ -476,17 +483,34 @@ mod tests {
     #[test]
     fn the_bus_fans_out_and_forgets_gone_subscribers() {
         let bus = EventBus::default();
-        let a = bus.subscribe();
-        let b = bus.subscribe();
+        let a = bus.subscribe(None);
+        let b = bus.subscribe(None);
+        let mine = bus.subscribe(Some(1000));
         drop(b);
-        bus.publish(Event::CheckpointReady {
-            id: "x".into(),
-            prefix: 1,
-        });
+        bus.publish(
+            Event::CheckpointReady {
+                id: "x".into(),
+                prefix: 1,
+            },
+            Some(0),
+        );
         assert!(matches!(
             a.try_recv(),
             Ok(Event::CheckpointReady { prefix: 1, .. })
         ));
-        assert_eq!(lock(&bus.subscribers).len(), 1);
+        assert!(mine.try_recv().is_err(), "root's sandbox: not for uid 1000");
+        bus.publish(
+            Event::CheckpointReady {
+                id: "y".into(),
+                prefix: 2,
+            },
+            Some(1000),
+        );
+        assert!(matches!(
+            mine.try_recv(),
+            Ok(Event::CheckpointReady { prefix: 2, .. })
+        ));
+        assert!(a.try_recv().is_ok());
+        assert_eq!(lock(&bus.subscribers).len(), 2);
     }
 }

@@ -12,7 +12,9 @@
 //!
 //! - `init` ([`init`]): creates a sandbox's namespaces and its long-lived init (paper:
 //!   "Environment-state recovery": each trajectory runs in its own sandbox).
-//! - `exec` ([`exec`]): runs one action inside an existing sandbox.
+//! - `exec` ([`exec`]): runs one action inside an existing sandbox;
+//! - `tree` ([`tree`]): streams a tar of a directory a client passed, read with that
+//!   client's uid, gid and groups (image import for non-root peers).
 //!
 //! [`seccomp`]: the seccomp filter sandbox processes must run under ("Confinement"), for the
 //! helpers to install right before they exec sandbox code.
@@ -23,6 +25,7 @@ pub mod image;
 pub mod init;
 pub mod mount;
 pub mod seccomp;
+pub mod tree;
 
 /// First argument that selects helper mode.
 pub const HELPER_ARG: &str = "__belayer-helper";
@@ -44,6 +47,7 @@ pub fn dispatch() {
     let code = match args.get(2).map(String::as_str) {
         Some("init") => init::main(&args[3..]),
         Some("exec") => exec::main(&args[3..]),
+        Some("tree") => tree::main(&args[3..]),
         other => {
             eprintln!("belayer helper: unknown helper {other:?}");
             125

@@ -189,13 +189,7 @@ fn ensure_image(c: &mut belayer_ipc::Client, name: &str, rootfs: &Path) -> Resul
             rootfs.display()
         );
     }
-    crate::cli::call(
-        c,
-        Request::ImportImage {
-            name: name.into(),
-            source: rootfs.display().to_string(),
-        },
-    )?;
+    crate::cli::import_image(c, name, rootfs)?;
     Ok(())
 }
 

@@ -101,9 +101,14 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// Creates and starts a sandbox from `spec`. Limits the spec leaves open get the daemon's
-/// defaults (`default_pids_max`, `default_memory_max_bytes`, `default_cpus`, `userns`).
-pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, CreateError> {
+/// Creates and starts a sandbox from `spec`, owned by `owner_uid` (the peer that asked).
+/// Limits the spec leaves open get the daemon's defaults (`default_pids_max`,
+/// `default_memory_max_bytes`, `default_cpus`, `default_disk_max_bytes`, `userns`).
+pub fn create(
+    rt: &Runtime,
+    mut spec: SandboxSpec,
+    owner_uid: u32,
+) -> Result<SandboxSlot, CreateError> {
     if spec.pids_max.is_none() && rt.config.default_pids_max > 0 {
         spec.pids_max = Some(rt.config.default_pids_max);
     }
@@ -161,6 +166,7 @@ pub fn create(rt: &Runtime, mut spec: SandboxSpec) -> Result<SandboxSlot, Create
         init_start_time: None,
         created_unix_ms: sys::now_unix_ms(),
         userns,
+        owner_uid,
     };
     let result = (|| {
         CheckpointStore::open(&paths.checkpoints())?;

@@ -56,6 +56,10 @@ pub struct SandboxRecord {
     /// (`--userns=host`, or a sandbox made before user namespaces).
     #[serde(default)]
     pub userns: Option<IdRange>,
+    /// Uid of the peer that created it: only it and root see and act on it. Records written
+    /// before this field existed belong to root.
+    #[serde(default)]
+    pub owner_uid: u32,
 }
 
 /// Errors shared by the sandbox verbs.

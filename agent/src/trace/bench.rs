@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use belayer_ipc::{Event, ExecRequest, Request, Response, SandboxSpec};
+use belayer_ipc::{Caller, Event, ExecRequest, Request, Response, SandboxSpec};
 use clap::Args;
 use serde::Serialize;
 
@@ -101,7 +101,7 @@ impl Bench {
     }
 
     fn call(&self, req: Request) -> Result<Response> {
-        match self.agent().dispatch(req) {
+        match self.agent().dispatch(&Caller::root(), req, Vec::new()) {
             Response::Error(e) => bail!("{:?}: {}", e.code, e.message),
             r => Ok(r),
         }
@@ -114,6 +114,7 @@ impl Bench {
         self.call(Request::ImportImage {
             name: name.into(),
             source: rootfs.display().to_string(),
+            with_fd: false,
         })?;
         Ok(())
     }
@@ -147,9 +148,11 @@ impl Bench {
     }
 
     fn remove(&self, id: &str) {
-        let _ = self
-            .agent()
-            .dispatch(Request::RemoveSandbox { id: id.into() });
+        let _ = self.agent().dispatch(
+            &Caller::root(),
+            Request::RemoveSandbox { id: id.into() },
+            Vec::new(),
+        );
     }
 
     /// Kill → `SandboxFailed` times, milliseconds.
@@ -200,9 +203,15 @@ impl Bench {
 impl Drop for Bench {
     fn drop(&mut self) {
         if let Some(agent) = self.agent.take() {
-            if let Response::Sandboxes(list) = agent.dispatch(Request::ListSandboxes) {
+            if let Response::Sandboxes(list) =
+                agent.dispatch(&Caller::root(), Request::ListSandboxes, Vec::new())
+            {
                 for s in list {
-                    let _ = agent.dispatch(Request::RemoveSandbox { id: s.id });
+                    let _ = agent.dispatch(
+                        &Caller::root(),
+                        Request::RemoveSandbox { id: s.id },
+                        Vec::new(),
+                    );
                 }
             }
             // The last reference: dropping it detaches the BPF programs.

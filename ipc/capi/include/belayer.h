@@ -385,11 +385,16 @@ int belayer_close(BelayerClient client);
 int belayer_ping(BelayerClient client,
                  char **version);
 
-// Imports the rootfs directory or tar archive at `source` (a path on the daemon's host) as
-// the read-only image `name`.
+// Imports the rootfs directory or tar archive (plain, gzip, zstd) at `source` as the
+// read-only image `name`, owned by the calling process's uid. The library opens `source`
+// itself, with this process's rights, and passes the descriptor to the daemon, which reads
+// only what this process may read (a directory is walked with its uid and groups). Device
+// nodes are refused, except under the source's top-level `/dev`, where they are left out.
 //
-// Errors: daemon codes (`BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST`, ...),
-// `BELAYER_E_CONNECT`, `BELAYER_E_BAD_HANDLE`, `BELAYER_E_INVALID_ARGUMENT`.
+// Errors: daemon codes (`BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST` for a refused
+// entry such as a device node, `BELAYER_E_PERMISSION_DENIED` for an entry this process may
+// not read, ...), `BELAYER_E_PERMISSION_DENIED` or `BELAYER_E_INVALID_ARGUMENT` when
+// `source` cannot be opened here, `BELAYER_E_CONNECT`, `BELAYER_E_BAD_HANDLE`.
 // Thread-safety: any thread; serialized per client.
 //
 // # Safety

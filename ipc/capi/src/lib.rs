@@ -362,11 +362,34 @@ fn unexpected(what: &str, response: &Response) -> Failure {
 
 /// Sends `request` on `handle`'s connection; a daemon error reply becomes its status code.
 fn call(handle: BelayerClient, request: Request) -> Result<Response, Failure> {
+    call_using(handle, |client| client.call(request))
+}
+
+/// Runs `exchange` on `handle`'s connection; a daemon error reply becomes its status code,
+/// an image source this process cannot open `BELAYER_E_PERMISSION_DENIED` (no permission)
+/// or `BELAYER_E_INVALID_ARGUMENT` (missing, not a directory or regular file).
+fn call_using(
+    handle: BelayerClient,
+    exchange: impl FnOnce(&mut Client) -> Result<Response, belayer_ipc::ClientError>,
+) -> Result<Response, Failure> {
     let client = client_of(handle)?;
     let mut client = lock(&client);
-    match client.call(request) {
+    match exchange(&mut client) {
         Ok(Response::Error(reply)) => Err(reply_failure(reply)),
         Ok(response) => Ok(response),
+        Err(err @ belayer_ipc::ClientError::OpenSource { .. }) => {
+            let denied = matches!(
+                &err,
+                belayer_ipc::ClientError::OpenSource { source, .. }
+                    if source.kind() == std::io::ErrorKind::PermissionDenied
+            );
+            let code = if denied {
+                BELAYER_E_PERMISSION_DENIED
+            } else {
+                BELAYER_E_INVALID_ARGUMENT
+            };
+            Err(Failure::new(code, chain(&err)))
+        }
         Err(err) => {
             // A frame that arrives whole but does not decode means the two sides disagree on
             // the message types: a library and a daemon from different builds.
@@ -707,11 +730,16 @@ pub unsafe extern "C" fn belayer_ping(client: BelayerClient, version: *mut *mut 
 
 // ---- images and sandboxes -----------------------------------------------------------------
 
-/// Imports the rootfs directory or tar archive at `source` (a path on the daemon's host) as
-/// the read-only image `name`.
+/// Imports the rootfs directory or tar archive (plain, gzip, zstd) at `source` as the
+/// read-only image `name`, owned by the calling process's uid. The library opens `source`
+/// itself, with this process's rights, and passes the descriptor to the daemon, which reads
+/// only what this process may read (a directory is walked with its uid and groups). Device
+/// nodes are refused, except under the source's top-level `/dev`, where they are left out.
 ///
-/// Errors: daemon codes (`BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST`, ...),
-/// `BELAYER_E_CONNECT`, `BELAYER_E_BAD_HANDLE`, `BELAYER_E_INVALID_ARGUMENT`.
+/// Errors: daemon codes (`BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST` for a refused
+/// entry such as a device node, `BELAYER_E_PERMISSION_DENIED` for an entry this process may
+/// not read, ...), `BELAYER_E_PERMISSION_DENIED` or `BELAYER_E_INVALID_ARGUMENT` when
+/// `source` cannot be opened here, `BELAYER_E_CONNECT`, `BELAYER_E_BAD_HANDLE`.
 /// Thread-safety: any thread; serialized per client.
 ///
 /// # Safety
@@ -725,13 +753,9 @@ pub unsafe extern "C" fn belayer_image_import(
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let (name, source) = unsafe { (text(name, "name")?, text(source, "source")?) };
-        match call(
-            client,
-            Request::ImportImage {
-                name: name.to_owned(),
-                source: source.to_owned(),
-            },
-        )? {
+        match call_using(client, |c| {
+            c.import_image(name, std::path::Path::new(source))
+        })? {
             Response::Image(_) => Ok(()),
             other => Err(unexpected("image import", &other)),
         }

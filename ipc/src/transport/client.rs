@@ -1,11 +1,12 @@
 //! The blocking client: one connection, one request at a time.
 
 use std::io::{self, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::fdpass::{send_with_fds, FdPassError};
 use super::{is_disconnect, NoSigPipe};
 use crate::frame::{encode_frame, read_frame, FrameError, DEFAULT_MAX_FRAME};
 use crate::message::{Envelope, ErrorCode, Event, Request, Response};
@@ -85,6 +86,56 @@ pub enum ClientError {
         #[source]
         source: nix::errno::Errno,
     },
+    /// Sending the request with its descriptors failed.
+    #[error("sending request {id} with its descriptors failed")]
+    SendFds {
+        /// Request id.
+        id: u64,
+        /// The fd-passing error.
+        #[source]
+        source: FdPassError,
+    },
+    /// An image source could not be opened with this process's rights, or is neither a
+    /// directory nor a regular file (see [`open_image_source`]).
+    #[error("cannot open image source {path}")]
+    OpenSource {
+        /// The path as given.
+        path: PathBuf,
+        /// The cause (`PermissionDenied`, `NotFound`, `InvalidInput` for other file types).
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Opens `path` as an image source with the calling process's own rights, the way
+/// [`Client::import_image`] passes it to the daemon: `O_RDONLY | O_CLOEXEC | O_NOCTTY |
+/// O_NONBLOCK` (a fifo cannot block the open), following symlinks like any program the user
+/// runs. The result must be a directory or a regular file (a tar archive, plain, gzip or
+/// zstd).
+///
+/// Errors: [`ClientError::OpenSource`].
+pub fn open_image_source(path: &Path) -> Result<OwnedFd, ClientError> {
+    use nix::fcntl::OFlag;
+    use nix::sys::stat::{fstat, Mode, SFlag};
+    let err = |source: io::Error| ClientError::OpenSource {
+        path: path.to_owned(),
+        source,
+    };
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY | OFlag::O_NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| err(e.into()))?;
+    let kind =
+        SFlag::from_bits_truncate(fstat(&fd).map_err(|e| err(e.into()))?.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFDIR && kind != SFlag::S_IFREG {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "neither a directory nor a regular file",
+        )));
+    }
+    Ok(fd)
 }
 
 /// A blocking connection to a Belayer server.
@@ -149,16 +200,49 @@ impl Client {
     /// Errors: [`ClientError::Send`], [`ClientError::Receive`], [`ClientError::IdMismatch`],
     /// [`ClientError::ClosedByServer`], [`ClientError::Broken`] after an earlier failure.
     pub fn call(&mut self, request: Request) -> Result<Response, ClientError> {
+        self.call_with_fds(request, &[])
+    }
+
+    /// Sends `request` with `fds` attached to its frame (`SCM_RIGHTS`; the daemon accepts
+    /// at most [`MAX_REQUEST_FDS`](crate::MAX_REQUEST_FDS)) and waits for its response. The
+    /// descriptors stay open here; the server gets duplicates.
+    ///
+    /// Errors: those of [`call`](Client::call), [`ClientError::SendFds`].
+    pub fn call_with_fds(
+        &mut self,
+        request: Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Response, ClientError> {
         if self.broken {
             return Err(ClientError::Broken);
         }
         let id = self.next_id;
         self.next_id += 1;
-        let result = self.exchange(id, request);
+        let result = self.exchange(id, request, fds);
         if result.is_err() {
             self.broken = true;
         }
         result
+    }
+
+    /// Imports the directory or tar archive at `source` as image `name`: opens it here with
+    /// this process's rights ([`open_image_source`]) and passes the descriptor with
+    /// [`Request::ImportImage`] (`with_fd: true`), so the daemon reads only what this process
+    /// may read. The label sent is the absolute path. Answered by `Response::Image` or an
+    /// error reply.
+    ///
+    /// Errors: [`ClientError::OpenSource`], those of [`call_with_fds`](Client::call_with_fds).
+    pub fn import_image(&mut self, name: &str, source: &Path) -> Result<Response, ClientError> {
+        let fd = open_image_source(source)?;
+        let label = std::path::absolute(source).unwrap_or_else(|_| source.to_owned());
+        self.call_with_fds(
+            Request::ImportImage {
+                name: name.to_owned(),
+                source: label.display().to_string(),
+                with_fd: true,
+            },
+            &[fd.as_fd()],
+        )
     }
 
     /// Turns this connection into an event stream ([`Request::Subscribe`]).
@@ -181,10 +265,25 @@ impl Client {
         }
     }
 
-    fn exchange(&mut self, id: u64, request: Request) -> Result<Response, ClientError> {
+    fn exchange(
+        &mut self,
+        id: u64,
+        request: Request,
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Response, ClientError> {
         let frame = encode_frame(&Envelope { id, body: request }, self.max_frame)
             .map_err(|source| ClientError::Send { id, source })?;
-        if let Err(err) = NoSigPipe(&self.stream).write_all(&frame) {
+        let sent = if fds.is_empty() {
+            NoSigPipe(&self.stream).write_all(&frame)
+        } else {
+            match send_with_fds(&self.stream, &frame, fds) {
+                Ok(()) => Ok(()),
+                Err(FdPassError::Sendmsg { source }) => Err(io::Error::from(source)),
+                Err(FdPassError::SendRest { source, .. }) => Err(source),
+                Err(source) => return Err(ClientError::SendFds { id, source }),
+            }
+        };
+        if let Err(err) = sent {
             // The server may have refused us and closed already: its reply may still be
             // waiting in our receive queue.
             if let Ok(envelope) = read_frame::<Response, _>(&mut &self.stream, self.max_frame) {

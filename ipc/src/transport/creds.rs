@@ -101,6 +101,55 @@ impl fmt::Display for PeerCred {
     }
 }
 
+/// Who sent a request: the peer's credentials and, where the kernel reports them, its
+/// supplementary groups, all as of its `connect(2)`.
+///
+/// A handler that acts *on behalf of* the peer (opens or reads something with its rights)
+/// needs the groups as well as uid and gid; they come from `SO_PEERGROUPS` only (never from
+/// `/proc/<pid>/status`, which is racy against pid reuse), so `groups` is `None` where that
+/// option is unsupported and such work must be refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// pid, uid and gid (`SO_PEERCRED`).
+    pub cred: PeerCred,
+    /// Supplementary groups (`SO_PEERGROUPS`), `None` when unavailable.
+    pub groups: Option<Vec<u32>>,
+}
+
+impl Caller {
+    /// Reads the credentials and supplementary groups of the peer of `socket`.
+    ///
+    /// Errors: [`CredsError::PeerCred`] (a missing `SO_PEERGROUPS` only leaves `groups` unset).
+    pub fn of<F: AsFd>(socket: &F) -> Result<Caller, CredsError> {
+        let cred = PeerCred::of(socket)?;
+        let groups = sys::peer_groups(socket.as_fd()).ok();
+        Ok(Caller { cred, groups })
+    }
+
+    /// The calling process itself as root: for in-process callers of a handler (embedded
+    /// agents, benchmarks) that act with the daemon's own rights.
+    pub fn root() -> Caller {
+        Caller {
+            cred: PeerCred {
+                pid: std::process::id() as i32,
+                uid: 0,
+                gid: 0,
+            },
+            groups: Some(Vec::new()),
+        }
+    }
+
+    /// A caller with credentials `cred` and unknown supplementary groups.
+    pub fn without_groups(cred: PeerCred) -> Caller {
+        Caller { cred, groups: None }
+    }
+
+    /// Whether the caller is root (uid 0), which may see and act on everything.
+    pub fn is_root(&self) -> bool {
+        self.cred.uid == 0
+    }
+}
+
 /// Supplementary groups of the peer of `socket`: `SO_PEERGROUPS` (Linux 4.13+), or
 /// `/proc/<peer.pid>/status` where that option is unsupported.
 ///

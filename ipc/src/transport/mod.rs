@@ -1,5 +1,6 @@
 //! Unix-socket transport: the [`Server`] and its [`Handler`] seam, the blocking [`Client`], peer
-//! credentials and the access policy, and SCM_RIGHTS fd passing.
+//! credentials and the access policy, SCM_RIGHTS fd passing, and frames with descriptors
+//! ([`wire`]).
 
 mod client;
 mod creds;
@@ -7,6 +8,7 @@ mod fdpass;
 mod server;
 mod socket;
 mod sys;
+pub mod wire;
 
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
@@ -14,13 +16,15 @@ use std::os::unix::net::UnixStream;
 
 use nix::sys::socket::{send, MsgFlags};
 
-pub use client::{Client, ClientError, Subscription};
-pub use creds::{peer_groups, proc_groups, AccessPolicy, CredsError, PeerCred};
+pub use client::{open_image_source, Client, ClientError, Subscription};
+pub use creds::{peer_groups, proc_groups, AccessPolicy, Caller, CredsError, PeerCred};
 pub use fdpass::{recv_with_fds, send_with_fds, FdPassError, MAX_FDS_PER_MESSAGE};
 pub use server::{
     Handler, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, DEFAULT_SOCKET_MODE,
+    MAX_REQUEST_FDS,
 };
 pub use socket::{bind_socket, BindError, BoundSocket};
+pub use wire::{recv_message, send_message, WireError};
 
 /// A [`Write`] over a Unix stream that sends with `MSG_NOSIGNAL`, so that writing to a peer that
 /// went away returns `EPIPE` instead of raising `SIGPIPE` (which would kill a host process that

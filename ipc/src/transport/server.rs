@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, BufReader, Write};
+use std::io::{self, Write};
 use std::net::Shutdown;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
@@ -23,15 +23,20 @@ use nix::fcntl::OFlag;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use tracing::{debug, error, info, warn};
 
-use super::creds::{AccessPolicy, PeerCred};
+use super::creds::{AccessPolicy, Caller, PeerCred};
 use super::socket::{bind_socket, BindError, BoundSocket};
+use super::wire::{recv_message, WireError};
 use super::{is_disconnect, NoSigPipe};
 use crate::error_chain;
-use crate::frame::{encode_frame, read_frame, FrameError, DEFAULT_MAX_FRAME};
+use crate::frame::{encode_frame, FrameError, DEFAULT_MAX_FRAME};
 use crate::message::{Envelope, ErrorCode, ErrorReply, Event, Request, Response};
 
 /// Default permission bits of the socket file: owner and group may connect.
 pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
+
+/// Most descriptors one request frame may carry; a frame with more is a bad frame (its
+/// descriptors are closed, `BadRequest`, connection closed).
+pub const MAX_REQUEST_FDS: usize = 1;
 
 /// The daemon core as the server sees it: one request in, one response out.
 ///
@@ -41,6 +46,16 @@ pub const DEFAULT_SOCKET_MODE: u32 = 0o660;
 pub trait Handler: Send + Sync + 'static {
     /// Answers `request` from the (already admitted) peer `peer`.
     fn handle(&self, peer: &PeerCred, request: Request) -> Response;
+
+    /// Answers `request` from `caller` together with the descriptors attached to its frame
+    /// (`SCM_RIGHTS`, close-on-exec, at most [`MAX_REQUEST_FDS`]). This is what the server
+    /// calls; the default closes the descriptors and answers with [`handle`](Self::handle),
+    /// so only handlers of requests that carry descriptors (or that act with the caller's
+    /// supplementary groups) implement it.
+    fn handle_call(&self, caller: &Caller, request: Request, fds: Vec<OwnedFd>) -> Response {
+        drop(fds);
+        self.handle(&caller.cred, request)
+    }
 
     /// Opens an event stream for [`Request::Subscribe`] from `peer`: every [`Event`] sent on
     /// the returned channel is written to the connection until the peer closes it, the sender
@@ -446,13 +461,14 @@ fn spawn_connection(shared: &Arc<Shared>, conn: u64, stream: UnixStream) -> Opti
 /// Serves one connection: admission, then request after request until the peer leaves, a
 /// frame is bad, or the server shuts the connection down.
 fn serve_connection(shared: &Shared, conn: u64, stream: UnixStream) {
-    let peer = match PeerCred::of(&stream) {
-        Ok(peer) => peer,
+    let caller = match Caller::of(&stream) {
+        Ok(caller) => caller,
         Err(err) => {
             warn!(conn, error = %error_chain(&err), "reading peer credentials failed; closing");
             return;
         }
     };
+    let peer = caller.cred;
     if let Err(err) = shared.policy.authorize(&stream, &peer) {
         let message = error_chain(&err);
         warn!(conn, pid = peer.pid, uid = peer.uid, gid = peer.gid, error = %message,
@@ -474,33 +490,41 @@ fn serve_connection(shared: &Shared, conn: u64, stream: UnixStream) {
         gid = peer.gid,
         "peer connected"
     );
-    let mut reader = BufReader::new(&stream);
     loop {
-        let envelope = match read_frame::<Request, _>(&mut reader, shared.max_frame) {
-            Ok(envelope) => envelope,
-            Err(FrameError::Closed) => {
-                debug!(conn, "peer closed the connection");
-                return;
-            }
-            Err(FrameError::Read { source }) if is_disconnect(&source) => {
-                debug!(conn, error = %source, "peer reset the connection");
-                return;
-            }
-            Err(err) => {
-                let message = error_chain(&err);
-                warn!(conn, pid = peer.pid, uid = peer.uid, error = %message,
+        // One frame at a time, never reading past it: descriptors attached to the next
+        // frame stay queued with it.
+        let (envelope, fds) =
+            match recv_message::<Request, _>(&stream, shared.max_frame, MAX_REQUEST_FDS) {
+                Ok(received) => received,
+                Err(WireError::Frame {
+                    source: FrameError::Closed,
+                }) => {
+                    debug!(conn, "peer closed the connection");
+                    return;
+                }
+                Err(err) if err.is_disconnect() || is_read_disconnect(&err) => {
+                    debug!(conn, error = %error_chain(&err), "peer reset the connection");
+                    return;
+                }
+                Err(err) => {
+                    let message = match &err {
+                        WireError::Frame { source } => error_chain(source),
+                        WireError::FdPass { source } => error_chain(source),
+                    };
+                    warn!(conn, pid = peer.pid, uid = peer.uid, error = %message,
                       "bad frame; answering BadRequest and closing");
-                send_error(shared, conn, &stream, 0, ErrorCode::BadRequest, message);
-                return;
-            }
-        };
+                    send_error(shared, conn, &stream, 0, ErrorCode::BadRequest, message);
+                    return;
+                }
+            };
         let id = envelope.id;
         if envelope.body == Request::Subscribe {
+            drop(fds);
             stream_events(shared, conn, &peer, &stream, id);
             return;
         }
         let handled = panic::catch_unwind(AssertUnwindSafe(|| {
-            shared.handler.handle(&peer, envelope.body)
+            shared.handler.handle_call(&caller, envelope.body, fds)
         }));
         let response = handled.unwrap_or_else(|_| {
             error!(conn, request = id, "request handler panicked");
@@ -513,6 +537,11 @@ fn serve_connection(shared: &Shared, conn: u64, stream: UnixStream) {
             return;
         }
     }
+}
+
+/// Whether a receive error is a reset connection surfacing as a read error.
+fn is_read_disconnect(err: &WireError) -> bool {
+    matches!(err, WireError::Frame { source: FrameError::Read { source } } if is_disconnect(source))
 }
 
 /// How often an idle event stream checks whether its peer went away.

@@ -1,0 +1,117 @@
+//! The image requests of the protocol (`ImportImage`, `RemoveImage`), with the access rules
+//! of [`super::access`]: a source is read with the rights of the peer that asked.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use belayer_ipc::{Caller, ErrorCode, ErrorReply, Response};
+
+use super::access::{self, AccessError};
+use super::{error, Agent};
+use crate::images::{ImageError, ImportSource};
+
+impl Agent {
+    /// `ImportImage { name, source, with_fd }` from `caller` with the descriptors `fds` of
+    /// its frame: one descriptor (the source, opened by the client) when `with_fd`, none
+    /// otherwise (then `source` is a host path, root only). The image belongs to the caller.
+    pub(super) fn import_image(
+        &self,
+        caller: &Caller,
+        name: &str,
+        source: String,
+        with_fd: bool,
+        mut fds: Vec<OwnedFd>,
+    ) -> Response {
+        let expected = usize::from(with_fd);
+        if fds.len() != expected {
+            let e = AccessError::Descriptors {
+                got: fds.len(),
+                expected,
+            };
+            return error(e.code(), &e);
+        }
+        let source = match fds.pop() {
+            Some(fd) => ImportSource { fd, label: source },
+            None if caller.is_root() => match ImportSource::open_host_path(Path::new(&source)) {
+                Ok(source) => source,
+                Err(e) => return error(image_code(&e), &e),
+            },
+            None => {
+                let e = AccessError::HostPathNeedsRoot {
+                    uid: caller.cred.uid,
+                };
+                tracing::warn!(uid = caller.cred.uid, pid = caller.cred.pid, path = %source,
+                               "refused an image import from a host path");
+                return error(e.code(), &e);
+            }
+        };
+        let reader = match access::credentials(caller) {
+            Ok(c) => c,
+            Err(e) => return error(e.code(), &e),
+        };
+        match self.rt.images.import(
+            name,
+            source,
+            &reader,
+            caller.cred.uid,
+            &self.rt.helper.exec_path(),
+        ) {
+            Ok(info) => Response::Image(info),
+            Err(e) => {
+                tracing::info!(image = %name, uid = caller.cred.uid, error = %crate::sys::error_chain(&e), "image import refused or failed");
+                error(image_code(&e), &e)
+            }
+        }
+    }
+
+    /// `RemoveImage { name }`: only its owner or root, and only when no sandbox uses it.
+    pub(super) fn remove_image(&self, caller: &Caller, name: &str) -> Response {
+        let meta = match self.rt.images.meta(name) {
+            Ok(m) => m,
+            Err(e) => return error(image_code(&e), &e),
+        };
+        if !access::may_act_on(caller, meta.owner_uid) {
+            let e = AccessError::NotImageOwner {
+                name: name.to_string(),
+                owner: meta.owner_uid,
+                uid: caller.cred.uid,
+            };
+            return error(e.code(), &e);
+        }
+        let used = self
+            .registry()
+            .values()
+            .any(|s| s.record().spec.image == name);
+        if used {
+            return Response::Error(ErrorReply {
+                code: ErrorCode::InUse,
+                message: format!("image {name} is used by a sandbox"),
+            });
+        }
+        match self.rt.images.remove(name) {
+            Ok(()) => Response::Done,
+            Err(e) => error(image_code(&e), &e),
+        }
+    }
+}
+
+/// The wire code of an image error.
+pub(super) fn image_code(e: &ImageError) -> ErrorCode {
+    use belayer_overlay::InstallError;
+    match e {
+        ImageError::InvalidName(_)
+        | ImageError::Source { .. }
+        | ImageError::NoShell(_)
+        | ImageError::Decompress { .. } => ErrorCode::BadRequest,
+        ImageError::ReadTree { denied: true, .. } => ErrorCode::PermissionDenied,
+        ImageError::ReadTree { .. } => ErrorCode::BadRequest,
+        ImageError::Unpack {
+            source: InstallError::OpenTarget { .. } | InstallError::TargetNotEmpty { .. },
+            ..
+        } => ErrorCode::Internal,
+        ImageError::Unpack { .. } => ErrorCode::BadRequest,
+        ImageError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+        ImageError::Unknown(_) => ErrorCode::UnknownImage,
+        ImageError::Helper { .. } | ImageError::Store { .. } => ErrorCode::Internal,
+    }
+}

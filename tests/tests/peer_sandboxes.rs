@@ -1,0 +1,181 @@
+//! Sandboxes belong to the peer that created them: a member of the socket group (an
+//! unprivileged uid) sees and acts only on its own; another peer's sandbox answers exactly
+//! like an unknown id, is not listed, not collected by its gc and not in its event stream;
+//! root sees everything. The peer is this test binary re-executed in a forked child that
+//! drops to uid/gid 65534 with the socket group as a supplementary group.
+
+use belayer_ipc::{
+    CheckpointRequest, ErrorCode, Event, ExecRequest, MaybeCheckpointRequest, Request, Response,
+    SandboxSpec,
+};
+use belayer_tests::peer::{error_of, response, run_as, run_as_with, Op, Outcome};
+use belayer_tests::{busybox_rootfs, Daemon, Identity};
+
+const NOBODY: u32 = 65534;
+/// Group allowed on the daemon socket.
+const SOCKET_GID: u32 = 4271;
+
+fn peer(groups: &[u32]) -> Identity {
+    Identity {
+        uid: NOBODY,
+        gid: NOBODY,
+        groups: groups.to_vec(),
+    }
+}
+
+/// The peer's entry point (see `belayer_tests::peer`).
+#[test]
+fn peer_child() {
+    belayer_tests::peer::child_main();
+}
+
+#[test]
+fn a_group_member_sees_and_acts_only_on_its_own_sandboxes() {
+    let d = Daemon::start_with_socket_gid(SOCKET_GID);
+    d.image("busybox", &busybox_rootfs());
+    let roots = d.create_spec(SandboxSpec {
+        image: "busybox".into(),
+        tag: Some("shared-tag".into()),
+        ..Default::default()
+    });
+    let id = roots.id.clone();
+    d.sh(&id, "echo root-state > /root/state");
+    d.checkpoint(&id, 1, b"root's context");
+    let made_up = "sb-000000000000".to_string();
+
+    let requests = |id: &str| -> Vec<Request> {
+        vec![
+            Request::InspectSandbox { id: id.into() },
+            Request::Exec(ExecRequest {
+                id: id.into(),
+                argv: vec!["cat /root/state".into()],
+                ..Default::default()
+            }),
+            Request::Checkpoint(CheckpointRequest {
+                id: id.into(),
+                prefix: 2,
+                context: b"stolen".to_vec(),
+                fault: None,
+            }),
+            Request::MaybeCheckpoint(MaybeCheckpointRequest {
+                id: id.into(),
+                prefix: 2,
+                context: vec![],
+                step_duration_s: 1.0,
+                regen_cost_s: None,
+                llm_elapsed_s: 0.0,
+                llm_response_s: None,
+                policy: None,
+            }),
+            Request::Restore {
+                id: id.into(),
+                verify: false,
+            },
+            Request::ListCheckpoints { id: id.into() },
+            Request::RemoveSandbox { id: id.into() },
+        ]
+    };
+    let mut ops: Vec<Op> = Vec::new();
+    ops.extend(requests(&id).into_iter().map(Op::Call));
+    ops.extend(requests(&made_up).into_iter().map(Op::Call));
+    ops.push(Op::Call(Request::ListSandboxes));
+    ops.push(Op::Call(Request::Gc {
+        older_than_s: Some(0),
+        tag: Some("shared-tag".into()),
+    }));
+    ops.push(Op::Call(Request::RemoveImage {
+        name: "busybox".into(),
+    }));
+    ops.push(Op::Call(Request::CreateSandbox(SandboxSpec {
+        image: "busybox".into(),
+        ..Default::default()
+    })));
+    ops.push(Op::Call(Request::ListSandboxes));
+    let results = run_as(&d, &peer(&[SOCKET_GID]), &ops);
+    let n = requests("").len();
+    for i in 0..n {
+        let (code, message) = error_of(&results[i]);
+        let (code2, message2) = error_of(&results[n + i]);
+        assert_eq!(code, ErrorCode::UnknownSandbox, "{message}");
+        assert_eq!(
+            (code, message.replace(&id, "ID")),
+            (code2, message2.replace(&made_up, "ID")),
+            "another peer's sandbox answers exactly like an unknown id"
+        );
+    }
+    match response(&results[2 * n]) {
+        Response::Sandboxes(v) => assert!(v.is_empty(), "{v:?}"),
+        other => panic!("{other:?}"),
+    }
+    match response(&results[2 * n + 1]) {
+        Response::Gc { removed, .. } => assert_eq!(*removed, 0),
+        other => panic!("{other:?}"),
+    }
+    let (code, message) = error_of(&results[2 * n + 2]);
+    assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
+    let own = match response(&results[2 * n + 3]) {
+        Response::Sandbox(s) => s.id.clone(),
+        other => panic!("a group member creates its own sandbox: {other:?}"),
+    };
+    match response(&results[2 * n + 4]) {
+        Response::Sandboxes(v) => {
+            assert_eq!(
+                v.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+                [own.as_str()]
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Root's sandbox is untouched; root sees both.
+    assert_eq!(d.inspect(&id).state, "running");
+    assert_eq!(d.sh(&id, "cat /root/state"), "root-state");
+    match d.call(Request::ListCheckpoints { id: id.clone() }) {
+        Response::Checkpoints(v) => assert_eq!(v.len(), 1),
+        r => panic!("{r:?}"),
+    }
+    match d.call(Request::ListSandboxes) {
+        Response::Sandboxes(v) => assert_eq!(v.len(), 2),
+        r => panic!("{r:?}"),
+    }
+
+    // The peer's own sandbox works for it; its event stream holds only its own sandbox.
+    let results = run_as_with(
+        &d,
+        &peer(&[SOCKET_GID]),
+        &[
+            Op::Call(Request::Exec(ExecRequest {
+                id: own.clone(),
+                argv: vec!["echo mine".into()],
+                ..Default::default()
+            })),
+            Op::Events { ms: 4000 },
+        ],
+        || {
+            d.checkpoint(&id, 2, b"root k=2");
+            d.checkpoint(&own, 1, b"peer k=1");
+        },
+    );
+    match response(&results[0]) {
+        Response::Exec(r) => assert_eq!(r.stdout, b"mine\n"),
+        other => panic!("{other:?}"),
+    }
+    match &results[1] {
+        Outcome::Events(events) => {
+            assert!(
+                events.iter().any(
+                    |e| matches!(e, Event::CheckpointReady { id: e_id, prefix: 1 } if *e_id == own)
+                ),
+                "{events:?}"
+            );
+            assert!(
+                !events.iter().any(|e| match e {
+                    Event::CheckpointReady { id: e_id, .. }
+                    | Event::SandboxFailed { id: e_id, .. } => *e_id == id,
+                }),
+                "root's sandbox events leak: {events:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
