@@ -124,6 +124,11 @@ class NotFoundError(BelayerError, LookupError):
     """The looked-up record does not exist."""
 
 
+class BusyError(BelayerError):
+    """The daemon is at a connection or event-stream limit (or closed this idle connection to
+    make room); the request was not handled: connect again later."""
+
+
 class PanicError(BelayerError):
     """The library caught an internal panic."""
 
@@ -154,5 +159,6 @@ ERRORS: Dict[int, Type[BelayerError]] = {
     -31: UnsupportedError,
     -32: InternalError,
     -33: NotFoundError,
+    -34: BusyError,
     -99: PanicError,
 }

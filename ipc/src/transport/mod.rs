@@ -1,5 +1,6 @@
-//! Unix-socket transport: the [`Server`] and its [`Handler`] seam, the blocking [`Client`], peer
-//! credentials and the access policy, and SCM_RIGHTS fd passing.
+//! Unix-socket transport: the [`Server`] (with its [`ConnectionLimits`]) and its [`Handler`]
+//! seam, the blocking [`Client`], peer credentials and the access policy, and SCM_RIGHTS fd
+//! passing.
 
 mod client;
 mod creds;
@@ -18,7 +19,8 @@ pub use client::{Client, ClientError, Subscription};
 pub use creds::{peer_groups, proc_groups, AccessPolicy, CredsError, PeerCred};
 pub use fdpass::{recv_with_fds, send_with_fds, FdPassError, MAX_FDS_PER_MESSAGE};
 pub use server::{
-    Handler, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, DEFAULT_SOCKET_MODE,
+    ConnectionLimits, Handler, LimitsError, Quota, Server, ServerConfig, ServerError, ServerHandle,
+    ShutdownTrigger, DEFAULT_SOCKET_MODE,
 };
 pub use socket::{bind_socket, BindError, BoundSocket};
 
