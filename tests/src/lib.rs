@@ -161,6 +161,11 @@ impl Daemon {
         }
     }
 
+    /// Process id of the running daemon, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The daemon's log so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

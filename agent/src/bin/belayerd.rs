@@ -78,7 +78,9 @@ fn run(args: Args) -> Result<()> {
     }
     config.test_hooks |= args.test_hooks;
     config.no_bpf |= args.no_bpf;
-    let mut server_config = ServerConfig::new(&config.socket).max_frame(config.max_frame_bytes);
+    let mut server_config = ServerConfig::new(&config.socket)
+        .max_frame(config.max_frame_bytes)
+        .limits(config.connection_limits());
     if let Some(gid) = config.socket_gid {
         server_config = server_config.group(gid).policy(AccessPolicy::group(gid));
     }
