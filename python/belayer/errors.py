@@ -133,6 +133,26 @@ class PanicError(BelayerError):
     """The library caught an internal panic."""
 
 
+class LibraryNotFoundError(BelayerError, builtins.OSError):
+    """No usable ``libbelayer.so`` was found where the package looks for it (see the package
+    README), or the one found is not a libbelayer of this C ABI version. Raised by the Python
+    side (``code`` 0)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "LIBRARY_NOT_FOUND", message)
+
+
+class UntrustedLibraryError(BelayerError, builtins.PermissionError):
+    """A ``libbelayer.so`` was found but refused: the file, or a directory above it, belongs
+    to a user other than root and the current one, or is writable by group or others (someone
+    else could have planted or could swap it). Raised before the library is loaded (``code``
+    0); ``path`` is the candidate refused."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(0, "UNTRUSTED_LIBRARY", message)
+        self.path = path
+
+
 #: Status code -> exception class.
 ERRORS: Dict[int, Type[BelayerError]] = {
     -1: InvalidArgumentError,
