@@ -2,7 +2,9 @@
 //! can be overridden by flags; unknown keys are rejected.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use belayer_ipc::{ConnectionLimits, LimitsError};
 use serde::Deserialize;
 
 /// Default socket path.
@@ -84,6 +86,28 @@ pub struct Config {
     /// Number of sandbox ranges in the pool (the most sandboxes with a private user
     /// namespace at once).
     pub userns_count: u32,
+    /// Socket connections served at once, all peers together (each holds a thread). When
+    /// full, an idle connection is closed to make room, else the newcomer gets `Busy`.
+    pub max_connections: usize,
+    /// Socket connections one non-root peer uid may hold at once (root has no per-uid cap).
+    pub max_connections_per_uid: usize,
+    /// Of `max_connections`, how many only root may take.
+    pub root_reserved_connections: usize,
+    /// Event streams (`Subscribe`) served at once, all peers together (each is also one of
+    /// the connections).
+    pub max_subscriptions: usize,
+    /// Event streams one non-root peer uid may hold at once.
+    pub max_subscriptions_per_uid: usize,
+    /// Of `max_subscriptions`, how many only root may take.
+    pub root_reserved_subscriptions: usize,
+    /// Time for a request frame from its first byte to its last, milliseconds.
+    pub frame_timeout_ms: u64,
+    /// A connection with no request for this long is closed, seconds (event streams and
+    /// requests being handled are exempt).
+    pub idle_timeout_s: u64,
+    /// Time for a client to take one response or event frame, milliseconds; a subscriber
+    /// that stops reading is dropped after it.
+    pub send_timeout_ms: u64,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
     #[serde(rename = "memory_server")]
     pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
@@ -113,6 +137,15 @@ impl Default for Config {
             userns_host_base: 1 << 30,
             userns_size: 65536,
             userns_count: 4096,
+            max_connections: 256,
+            max_connections_per_uid: 32,
+            root_reserved_connections: 32,
+            max_subscriptions: 64,
+            max_subscriptions_per_uid: 8,
+            root_reserved_subscriptions: 8,
+            frame_timeout_ms: 10_000,
+            idle_timeout_s: 3600,
+            send_timeout_ms: 10_000,
             memory_servers: Vec::new(),
         }
     }
@@ -147,6 +180,13 @@ pub enum ConfigError {
         /// Why.
         reason: &'static str,
     },
+    /// The socket connection limits are unusable.
+    #[error("invalid config: socket connection limits")]
+    Limits {
+        /// Which value and why.
+        #[source]
+        source: LimitsError,
+    },
 }
 
 impl Config {
@@ -174,6 +214,25 @@ impl Config {
                 source,
             }),
         }
+    }
+
+    /// The socket server's connection quotas and timeouts from the `max_connections*`,
+    /// `*_subscriptions*` and `*_timeout_*` keys.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits::default()
+            .connections(
+                self.max_connections,
+                self.max_connections_per_uid,
+                self.root_reserved_connections,
+            )
+            .subscriptions(
+                self.max_subscriptions,
+                self.max_subscriptions_per_uid,
+                self.root_reserved_subscriptions,
+            )
+            .frame_timeout(Duration::from_millis(self.frame_timeout_ms))
+            .idle_timeout(Duration::from_secs(self.idle_timeout_s))
+            .send_timeout(Duration::from_millis(self.send_timeout_ms))
     }
 
     /// Checks value ranges.
@@ -264,6 +323,9 @@ impl Config {
                 reason: "must be > 0",
             });
         }
+        self.connection_limits()
+            .validate()
+            .map_err(|source| ConfigError::Limits { source })?;
         Ok(())
     }
 }
@@ -322,5 +384,37 @@ mod tests {
         assert_eq!(Config::default().default_disk_max_bytes, 10 << 30);
         let c: Config = toml::from_str("default_disk_max_bytes = 0\n").unwrap();
         assert_eq!(c.default_disk_max_bytes, 0);
+    }
+
+    #[test]
+    fn connection_limits_come_from_their_keys_and_are_checked() {
+        let c: Config = toml::from_str(
+            "max_connections = 100\nmax_connections_per_uid = 10\nroot_reserved_connections = 5\n\
+             max_subscriptions = 20\nmax_subscriptions_per_uid = 2\n\
+             root_reserved_subscriptions = 1\nframe_timeout_ms = 2000\nidle_timeout_s = 60\n\
+             send_timeout_ms = 3000\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_ok());
+        let limits = c.connection_limits();
+        assert_eq!(
+            (limits.connections.total, limits.connections.per_uid),
+            (100, 10)
+        );
+        assert_eq!(limits.connections.root_reserved, 5);
+        assert_eq!(limits.subscriptions.non_root_total(), 19);
+        assert_eq!(limits.frame_timeout, Duration::from_secs(2));
+        assert_eq!(limits.idle_timeout, Duration::from_secs(60));
+        assert_eq!(limits.send_timeout, Duration::from_secs(3));
+        assert_eq!(
+            Config::default().connection_limits(),
+            ConnectionLimits::default()
+        );
+        let mut bad = Config::default();
+        bad.root_reserved_connections = bad.max_connections;
+        assert!(matches!(bad.validate(), Err(ConfigError::Limits { .. })));
+        bad = Config::default();
+        bad.idle_timeout_s = 0;
+        assert!(matches!(bad.validate(), Err(ConfigError::Limits { .. })));
     }
 }

@@ -63,6 +63,9 @@ pub const BELAYER_E_UNSUPPORTED: c_int = -31;
 pub const BELAYER_E_INTERNAL: c_int = -32;
 /// Daemon: the looked-up thing (e.g. a context record) does not exist.
 pub const BELAYER_E_NOT_FOUND: c_int = -33;
+/// Daemon: it is at a connection or event-stream limit, or closed an idle connection to make
+/// room; the request was not handled (connect again later).
+pub const BELAYER_E_BUSY: c_int = -34;
 /// An internal panic was caught.
 pub const BELAYER_E_PANIC: c_int = -99;
 

@@ -23,8 +23,10 @@
 //! # Transport
 //!
 //! [`Server`] binds a Unix stream socket (mode 0660, optional group), admits peers by their
-//! kernel-checked credentials ([`PeerCred`], [`AccessPolicy`]: root, or members of one group),
-//! and serves each connection on its own thread through a [`Handler`], one request after the
+//! kernel-checked credentials ([`PeerCred`], [`AccessPolicy`]: root, or members of one group)
+//! and by its [`ConnectionLimits`] (connections and event streams in total and per uid, with a
+//! share kept for root; frame, idle and send timeouts; a refused peer gets `Busy`), and serves
+//! each admitted connection on its own thread through a [`Handler`], one request after the
 //! other. A bad frame is answered with `Response::Error` (`BadRequest`, request id 0) and that
 //! connection is closed; other connections are unaffected. [`Client`] is the blocking
 //! counterpart. [`send_with_fds`] and [`recv_with_fds`] pass file descriptors (`SCM_RIGHTS`),
@@ -90,11 +92,11 @@ pub use message::{
     UsernsInfo, UsernsMode,
 };
 pub use transport::{
-    bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_with_fds,
-    send_message, send_with_fds, AccessPolicy, BindError, BoundSocket, Caller, Client, ClientError,
-    CredsError, FdPassError, Handler, PeerCred, Server, ServerConfig, ServerError, ServerHandle,
-    ShutdownTrigger, Subscription, WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE,
-    MAX_REQUEST_FDS,
+    bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_message_by,
+    recv_with_fds, send_message, send_with_fds, AccessPolicy, BindError, BoundSocket, Caller,
+    Client, ClientError, ConnectionLimits, CredsError, FdPassError, Handler, LimitsError, PeerCred,
+    Quota, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, Subscription,
+    WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE, MAX_REQUEST_FDS,
 };
 
 /// `err` and its chain of sources, joined with `": "` (for error replies and log fields).

@@ -535,6 +535,10 @@ pub enum ErrorCode {
     Internal,
     /// The looked-up thing (e.g. a context record) does not exist.
     NotFound,
+    /// The server is at a connection or event-stream limit (of the peer's uid, of non-root
+    /// peers, or in total), or closed this idle connection to make room: the request was not
+    /// handled; connect again later.
+    Busy,
 }
 
 /// A typed error answer.

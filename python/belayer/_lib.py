@@ -6,8 +6,9 @@ Internal module: the public API is in :mod:`belayer`.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
+import stat
+import subprocess
 from ctypes import (
     POINTER,
     Structure,
@@ -25,6 +26,8 @@ from ctypes import (
 )
 from pathlib import Path
 from typing import List, Optional
+
+from .errors import LibraryNotFoundError, UntrustedLibraryError
 
 #: The ABI version these bindings were written for (``BELAYER_ABI_VERSION`` of ``belayer.h``).
 ABI_VERSION = 1
@@ -156,44 +159,155 @@ def _newest(paths: List[Path]) -> List[Path]:
     return sorted(existing, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def candidates() -> List[Path]:
-    """Where the library is looked for, in order (see the package README): ``$BELAYER_LIB``,
-    next to the package, ``$CARGO_TARGET_DIR/{release,debug}``, then ``target/{release,debug}``
-    in the current directory, the package's directory and their parents (within one target
-    directory the newer of the two builds comes first)."""
-    found: List[Path] = []
-    env = os.environ.get("BELAYER_LIB")
-    if env:
-        p = Path(env)
-        found.append(p / LIBRARY_FILE if p.is_dir() else p)
-    here = Path(__file__).resolve().parent
-    found.append(here / LIBRARY_FILE)
-    roots: List[Path] = []
-    target = os.environ.get("CARGO_TARGET_DIR")
-    if target:
-        roots.append(Path(target))
-    for start in (Path.cwd().resolve(), here):
-        roots += [d / "target" for d in (start, *start.parents)]
-    for root in roots:
-        found += _newest([root / profile / LIBRARY_FILE for profile in ("release", "debug")])
+#: Directories the dynamic loader searches after ``$LD_LIBRARY_PATH`` and its cache.
+SYSTEM_DIRS = (
+    "/lib",
+    "/usr/lib",
+    "/lib64",
+    "/usr/lib64",
+    "/usr/local/lib",
+)
+
+
+def _multiarch_dirs() -> List[Path]:
+    """``/usr/lib/<triplet>`` and ``/lib/<triplet>`` of this machine (Debian multiarch)."""
+    machine = os.uname().machine
+    triplet = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}.get(machine)
+    if triplet is None:
+        return []
+    return [Path("/lib") / triplet, Path("/usr/lib") / triplet]
+
+
+def _ld_library_path_dirs() -> List[Path]:
+    """The absolute directories of ``$LD_LIBRARY_PATH``. Empty and relative entries (which
+    the loader would resolve against the current directory) are skipped."""
+    value = os.environ.get("LD_LIBRARY_PATH", "")
+    return [Path(d) for d in value.split(":") if d and os.path.isabs(d)]
+
+
+def _ldconfig_paths() -> List[Path]:
+    """Absolute paths of ``libbelayer.so`` in the loader's cache (``ldconfig -p``)."""
+    for ldconfig in ("/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if not os.path.isfile(ldconfig):
+            continue
+        try:
+            out = subprocess.run(
+                [ldconfig, "-p"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        found = []
+        for line in out.splitlines():
+            name, sep, target = line.strip().partition(" => ")
+            if sep and name.split(" ", 1)[0] == LIBRARY_FILE and os.path.isabs(target):
+                found.append(Path(target))
+        return found
+    return []
+
+
+def system_candidates() -> List[Path]:
+    """Where the dynamic loader would find ``libbelayer.so``, as absolute paths:
+    ``$LD_LIBRARY_PATH`` (absolute entries only), the ld.so cache, then the system library
+    directories."""
+    dirs = _ld_library_path_dirs()
+    found = [d / LIBRARY_FILE for d in dirs]
+    found += _ldconfig_paths()
+    found += [d / LIBRARY_FILE for d in (*_multiarch_dirs(), *map(Path, SYSTEM_DIRS))]
     return found
 
 
-def find_library() -> str:
-    """The path (or loader name) of ``libbelayer``; raises ``OSError`` when none is found."""
+def candidates() -> List[Path]:
+    """Where the library is looked for, in order (see the package README). With
+    ``$BELAYER_LIB`` set, only there (a file, or a directory holding ``libbelayer.so``).
+    Otherwise: next to the package, then ``$CARGO_TARGET_DIR/{release,debug}`` when that
+    variable is set (the newer of the two builds first), then the dynamic loader's search path
+    (:func:`system_candidates`). Nothing relative to the current directory and no walk up
+    parent directories: a library planted there never loads."""
     env = os.environ.get("BELAYER_LIB")
-    if env and not candidates()[0].is_file():
-        raise OSError(f"BELAYER_LIB={env} does not name {LIBRARY_FILE} or a directory holding it")
-    for path in candidates():
+    if env:
+        p = Path(env)
+        return [p / LIBRARY_FILE if p.is_dir() else p]
+    here = Path(__file__).resolve().parent
+    found: List[Path] = [here / LIBRARY_FILE]
+    target = os.environ.get("CARGO_TARGET_DIR")
+    if target and os.path.isabs(target):
+        root = Path(target)
+        found += _newest([root / profile / LIBRARY_FILE for profile in ("release", "debug")])
+    found += system_candidates()
+    return found
+
+
+def _untrusted(path: Path, what: str, st: os.stat_result) -> Optional[str]:
+    """Why ``path`` (a ``what``: file or directory, status ``st``) may not be trusted, or
+    ``None``: it must belong to root or to this process's user and be writable by neither
+    group nor others (a directory with the sticky bit, like ``/tmp``, may be)."""
+    uid = os.geteuid()
+    if st.st_uid not in (0, uid):
+        return f"{what} {path} is owned by uid {st.st_uid} (neither root nor uid {uid})"
+    writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if writable and not sticky_dir:
+        who = {
+            stat.S_IWGRP: "its group",
+            stat.S_IWOTH: "others",
+        }.get(writable, "its group and others")
+        return f"{what} {path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def check_trusted(path: Path, st: Optional[os.stat_result] = None) -> None:
+    """Refuses a library that someone other than root or this user could have written or
+    could replace: the file itself (``st``: its status, e.g. from ``fstat`` of the descriptor
+    about to be loaded) and every directory above its resolved path.
+
+    Raises :class:`UntrustedLibraryError` naming the path and the reason."""
+    real = Path(os.path.realpath(path))
+    reason = _untrusted(real, "library", st if st is not None else os.stat(real))
+    for parent in real.parents:
+        reason = reason or _untrusted(parent, "directory", os.stat(parent))
+    if reason is not None:
+        raise UntrustedLibraryError(
+            f"refusing to load {path}: {reason}; fix its owner and mode, or point "
+            "BELAYER_LIB at a trusted copy",
+            path=str(path),
+        )
+
+
+def find_library() -> str:
+    """The path of ``libbelayer``: the first existing candidate (see :func:`candidates`).
+
+    Raises :class:`LibraryNotFoundError` when there is none (or ``$BELAYER_LIB`` names
+    nothing), :class:`UntrustedLibraryError` when the candidate found fails
+    :func:`check_trusted` (a later candidate is not tried then)."""
+    env = os.environ.get("BELAYER_LIB")
+    found = candidates()
+    if env and not found[0].is_file():
+        raise LibraryNotFoundError(
+            f"BELAYER_LIB={env} does not name {LIBRARY_FILE} or a directory holding it"
+        )
+    for path in found:
         if path.is_file():
+            check_trusted(path)
             return str(path)
-    name = ctypes.util.find_library("belayer")
-    if name:
-        return name
-    raise OSError(
-        "libbelayer.so not found: build it with `cargo build -p belayer-capi` or set "
-        "BELAYER_LIB to the library (or its directory)"
+    raise LibraryNotFoundError(
+        "libbelayer.so not found: build it with `cargo build -p belayer-capi` and set "
+        "BELAYER_LIB to the library (or its directory) or CARGO_TARGET_DIR to the target "
+        "directory, or install it next to the package or in a system library directory"
     )
+
+
+def _open_checked(path: str) -> ctypes.CDLL:
+    """Loads the library file at ``path`` through a descriptor whose ``fstat`` passed
+    :func:`check_trusted`, so the file checked is the file loaded (no swap in between)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedLibraryError(f"refusing to load {path}: not a regular file", path=path)
+        check_trusted(Path(path), st)
+        return ctypes.CDLL(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -260,15 +374,20 @@ _PATH: Optional[str] = None
 
 
 def load() -> ctypes.CDLL:
-    """The loaded library (loaded and checked on first use)."""
+    """The loaded library (found, checked for trust and ABI version on first use).
+
+    Raises :class:`LibraryNotFoundError` or :class:`UntrustedLibraryError`."""
     global _LIB, _PATH
     if _LIB is None:
         path = find_library()
-        lib = ctypes.CDLL(path)
-        _declare(lib)
+        lib = _open_checked(path)
+        try:
+            _declare(lib)
+        except AttributeError as e:
+            raise LibraryNotFoundError(f"{path} is not a libbelayer these bindings know: {e}") from e
         version = lib.belayer_abi_version()
         if version != ABI_VERSION:
-            raise OSError(
+            raise LibraryNotFoundError(
                 f"{path} has C ABI version {version}, these bindings need {ABI_VERSION}"
             )
         _LIB, _PATH = lib, path

@@ -124,8 +124,33 @@ class NotFoundError(BelayerError, LookupError):
     """The looked-up record does not exist."""
 
 
+class BusyError(BelayerError):
+    """The daemon is at a connection or event-stream limit (or closed this idle connection to
+    make room); the request was not handled: connect again later."""
+
+
 class PanicError(BelayerError):
     """The library caught an internal panic."""
+
+
+class LibraryNotFoundError(BelayerError, builtins.OSError):
+    """No usable ``libbelayer.so`` was found where the package looks for it (see the package
+    README), or the one found is not a libbelayer of this C ABI version. Raised by the Python
+    side (``code`` 0)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "LIBRARY_NOT_FOUND", message)
+
+
+class UntrustedLibraryError(BelayerError, builtins.PermissionError):
+    """A ``libbelayer.so`` was found but refused: the file, or a directory above it, belongs
+    to a user other than root and the current one, or is writable by group or others (someone
+    else could have planted or could swap it). Raised before the library is loaded (``code``
+    0); ``path`` is the candidate refused."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(0, "UNTRUSTED_LIBRARY", message)
+        self.path = path
 
 
 #: Status code -> exception class.
@@ -154,5 +179,6 @@ ERRORS: Dict[int, Type[BelayerError]] = {
     -31: UnsupportedError,
     -32: InternalError,
     -33: NotFoundError,
+    -34: BusyError,
     -99: PanicError,
 }

@@ -84,7 +84,9 @@ fn run(args: Args) -> Result<()> {
     if let Some(bytes) = args.default_disk_max {
         config.default_disk_max_bytes = bytes;
     }
-    let mut server_config = ServerConfig::new(&config.socket).max_frame(config.max_frame_bytes);
+    let mut server_config = ServerConfig::new(&config.socket)
+        .max_frame(config.max_frame_bytes)
+        .limits(config.connection_limits());
     if let Some(gid) = config.socket_gid {
         server_config = server_config.group(gid).policy(AccessPolicy::group(gid));
     }

@@ -141,6 +141,10 @@
 // Daemon: the looked-up thing (e.g. a context record) does not exist.
 #define BELAYER_E_NOT_FOUND -33
 
+// Daemon: it is at a connection or event-stream limit, or closed an idle connection to make
+// room; the request was not handled (connect again later).
+#define BELAYER_E_BUSY -34
+
 // An internal panic was caught.
 #define BELAYER_E_PANIC -99
 

@@ -1,6 +1,6 @@
-//! Unix-socket transport: the [`Server`] and its [`Handler`] seam, the blocking [`Client`], peer
-//! credentials and the access policy, SCM_RIGHTS fd passing, and frames with descriptors
-//! ([`wire`]).
+//! Unix-socket transport: the [`Server`] (with its [`ConnectionLimits`]) and its [`Handler`]
+//! seam, the blocking [`Client`], peer credentials and the access policy, SCM_RIGHTS fd
+//! passing, and frames with descriptors ([`wire`]).
 
 mod client;
 mod creds;
@@ -20,11 +20,11 @@ pub use client::{open_image_source, Client, ClientError, Subscription};
 pub use creds::{peer_groups, proc_groups, AccessPolicy, Caller, CredsError, PeerCred};
 pub use fdpass::{recv_with_fds, send_with_fds, FdPassError, MAX_FDS_PER_MESSAGE};
 pub use server::{
-    Handler, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, DEFAULT_SOCKET_MODE,
-    MAX_REQUEST_FDS,
+    ConnectionLimits, Handler, LimitsError, Quota, Server, ServerConfig, ServerError, ServerHandle,
+    ShutdownTrigger, DEFAULT_SOCKET_MODE, MAX_REQUEST_FDS,
 };
 pub use socket::{bind_socket, BindError, BoundSocket};
-pub use wire::{recv_message, send_message, WireError};
+pub use wire::{recv_message, recv_message_by, send_message, WireError};
 
 /// A [`Write`] over a Unix stream that sends with `MSG_NOSIGNAL`, so that writing to a peer that
 /// went away returns `EPIPE` instead of raising `SIGPIPE` (which would kill a host process that

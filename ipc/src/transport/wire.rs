@@ -85,9 +85,20 @@ pub fn recv_message<M: Message, S: AsFd>(
     max_frame: u32,
     max_fds: usize,
 ) -> Result<(Envelope<M>, Vec<OwnedFd>), WireError> {
+    recv_message_by(socket, max_frame, max_fds, None)
+}
+
+/// [`recv_message`] that must complete by `deadline` (the whole frame, however its bytes are
+/// spread): past it, [`WireError::Frame`] with [`FrameError::Read`] of kind `TimedOut`.
+pub fn recv_message_by<M: Message, S: AsFd>(
+    socket: &S,
+    max_frame: u32,
+    max_fds: usize,
+    deadline: Option<std::time::Instant>,
+) -> Result<(Envelope<M>, Vec<OwnedFd>), WireError> {
     let mut fds = Vec::new();
     let mut frame = vec![0u8; HEADER_LEN];
-    let got = fill(socket, &mut frame, max_fds, &mut fds)?;
+    let got = fill(socket, &mut frame, max_fds, &mut fds, deadline)?;
     if got < HEADER_LEN {
         frame.truncate(got);
         return Err(decode_error::<M>(&frame, max_frame));
@@ -96,11 +107,50 @@ pub fn recv_message<M: Message, S: AsFd>(
     header.copy_from_slice(&frame);
     let parsed = Header::parse(&header, max_frame).map_err(|source| WireError::Frame { source })?;
     frame.resize(HEADER_LEN + parsed.len as usize, 0);
-    let got = fill(socket, &mut frame[HEADER_LEN..], max_fds, &mut fds)?;
+    let got = fill(
+        socket,
+        &mut frame[HEADER_LEN..],
+        max_fds,
+        &mut fds,
+        deadline,
+    )?;
     frame.truncate(HEADER_LEN + got);
     let (envelope, _) =
         decode_frame::<M>(&frame, max_frame).map_err(|source| WireError::Frame { source })?;
     Ok((envelope, fds))
+}
+
+/// Waits until `socket` has data (or its peer hung up) or `deadline` passes.
+fn wait_until_readable(
+    socket: BorrowedFd<'_>,
+    deadline: std::time::Instant,
+) -> Result<(), WireError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let timed_out = || WireError::Frame {
+        source: FrameError::Read {
+            source: io::Error::from(io::ErrorKind::TimedOut),
+        },
+    };
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+        let mut fd = [PollFd::new(socket, PollFlags::POLLIN)];
+        match poll(&mut fd, PollTimeout::from(ms)) {
+            Ok(0) => continue,
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                return Err(WireError::Frame {
+                    source: FrameError::Read {
+                        source: io::Error::from(e),
+                    },
+                })
+            }
+        }
+    }
 }
 
 /// The error `decode_frame` gives for an incomplete frame (Closed or Truncated).
@@ -118,9 +168,13 @@ fn fill<S: AsFd>(
     buf: &mut [u8],
     max_fds: usize,
     fds: &mut Vec<OwnedFd>,
+    deadline: Option<std::time::Instant>,
 ) -> Result<usize, WireError> {
     let mut filled = 0;
     while filled < buf.len() {
+        if let Some(deadline) = deadline {
+            wait_until_readable(socket.as_fd(), deadline)?;
+        }
         let room = max_fds.saturating_sub(fds.len());
         match recv_with_fds(socket, &mut buf[filled..], room) {
             Ok((0, _)) => break,
