@@ -3,13 +3,20 @@
 //! at once and publishes `Event::SandboxFailed` on its event bus), and the per-action verdict
 //! of an exec ([`ActionProbe`]): infrastructure fault and dirtiness.
 //!
-//! Dirtiness: with BPF, an action is dirty when the sandbox's file-modification counter
-//! moved or its set of processes changed (a process left running or gone); the counter ignores
-//! writes to pipes, sockets, devices, memfds (the action's stdout/stderr) and pseudo file
-//! systems, so the exec helper's own status line and cgroup joins never count. With the
-//! fallback (no BPF), the file half compares a fingerprint of the overlay upper layer (path,
-//! inode, mode, size, mtime, ctime of every entry) before and after: coarser and slower on
-//! large upper layers, but exact for what a checkpoint captures.
+//! Dirtiness: whether anything changed since the end of the sandbox's previous action (or,
+//! for the first action after the sandbox was tracked, since it was tracked with BPF and since
+//! the action began with the fallback), so that what background processes do between two
+//! actions counts for the next one. With BPF, an action is dirty when the sandbox's
+//! file-modification counter moved or its set of processes changed (a process left running
+//! or gone); the counter ignores writes to pipes, sockets, devices, memfds (the action's
+//! stdout/stderr) and pseudo file systems, so the exec helper's own status line and cgroup
+//! joins never count. With the fallback (no BPF), the file half compares a fingerprint of the
+//! overlay upper layer (path, inode, mode, size, mtime, ctime of every entry): coarser and
+//! slower on large upper layers, but exact for what a checkpoint captures. With both, an
+//! action is also dirty when, at its end or at the end of the previous one, a process of the
+//! sandbox held something through which files change without any syscall ([`held`]: a shared
+//! writable file mapping, an io_uring, an AIO context; with BPF also a live process that ever
+//! used io_uring or AIO): a step is never reported clean while a file may have changed.
 //!
 //! Infrastructure faults: with BPF, the counters of external kills and OOM victims (kept by the
 //! BPF programs, read synchronously, so nothing races the ring buffer); with the fallback, the
@@ -18,6 +25,7 @@
 //! outside is not seen there). A dead init is `sandbox_lost` in both.
 
 pub mod bench;
+pub mod held;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -29,6 +37,7 @@ use belayer_ipc::{InfraFault, InfraFaultKind};
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::ActionStatus;
 use crate::sandbox::SandboxRecord;
+use held::Writer;
 
 /// Handles a fault of sandbox `id` (called from the tracer's thread).
 type Handler = Box<dyn Fn(&str, &Fault) + Send + Sync>;
@@ -40,6 +49,22 @@ struct Shared {
     /// sandbox id → cgroup id.
     cgroups: Mutex<HashMap<String, u64>>,
     handler: OnceLock<Handler>,
+    /// sandbox id → its state at the end of its last action.
+    marks: Mutex<HashMap<String, Mark>>,
+}
+
+/// A sandbox's state at an action boundary: what the next action's verdict compares with.
+#[derive(Debug, Clone)]
+struct Mark {
+    cgroup_id: u64,
+    /// BPF file-modification counter (`None` without file counters).
+    fs_writes: Option<u64>,
+    /// Live processes.
+    pids: Vec<i32>,
+    /// Upper-layer fingerprint (fallback only).
+    upper: Option<[u8; 32]>,
+    /// A writer held then: files may have changed after the boundary without a syscall.
+    held: Option<Writer>,
 }
 
 /// The agent's tracer: BPF or fallback, and the tracked sandboxes.
@@ -68,8 +93,11 @@ impl SandboxTracer {
     pub fn start(no_bpf: bool) -> Result<SandboxTracer, TracerError> {
         let shared: Arc<Shared> = Arc::default();
         let s = shared.clone();
+        // Files of the agent's own mounts are never sandbox state.
+        let own_ns = std::fs::metadata("/proc/self/ns/mnt").map_or(0, |m| m.ino());
         let tracer = Tracer::builder()
             .force_fallback(no_bpf)
+            .own_mount_ns(own_ns)
             .on_event(move |ev| {
                 let Some(id) = lock(&s.ids).get(&ev.cgroup_id).cloned() else {
                     return;
@@ -105,6 +133,7 @@ impl SandboxTracer {
     /// Failures are logged: the sandbox then runs untraced (dirtiness unknown).
     pub fn track(&self, rec: &SandboxRecord) {
         self.untrack(&rec.id);
+        lock(&self.shared.marks).remove(&rec.id);
         let (Some(init_pid), Ok(cg)) = (rec.init_pid, SandboxCgroup::open(&rec.cgroup)) else {
             return;
         };
@@ -137,6 +166,7 @@ impl SandboxTracer {
 
     /// Stops tracing a sandbox (before the agent kills it itself, or when it is removed).
     pub fn untrack(&self, sandbox: &str) {
+        lock(&self.shared.marks).remove(sandbox);
         if let Some(id) = lock(&self.shared.cgroups).remove(sandbox) {
             self.tracer.untrack(id);
             lock(&self.shared.ids).remove(&id);
@@ -152,7 +182,8 @@ impl SandboxTracer {
         self.tracer.counters(self.cgroup_of(sandbox)?)
     }
 
-    /// Snapshot taken right before an action's helper starts.
+    /// Snapshot taken right before an action's helper starts: the faults counters now, and
+    /// the base of the dirtiness verdict (the end of the previous action, else now).
     pub fn begin_action(
         &self,
         rec: &SandboxRecord,
@@ -161,16 +192,41 @@ impl SandboxTracer {
     ) -> ActionProbe {
         let cg = self.cgroup_of(&rec.id);
         let counters = cg.and_then(|c| self.tracer.counters(c));
+        let base = cg.map(|c| {
+            let mark = lock(&self.shared.marks)
+                .get(&rec.id)
+                .filter(|m| m.cgroup_id == c)
+                .cloned();
+            mark.unwrap_or_else(|| Mark {
+                cgroup_id: c,
+                // The counters started at 0 when the cgroup was tracked.
+                fs_writes: counters.filter(|_| self.tracer.counts_files()).map(|_| 0),
+                pids: live_pids(cgroup),
+                upper: if self.tracer.counts_files() {
+                    None
+                } else {
+                    upper_fingerprint(upper)
+                },
+                held: held::scan(&cgroup.pids().unwrap_or_default()),
+            })
+        });
         ActionProbe {
             cgroup_id: cg,
             oom_kills: cg.and_then(|c| self.tracer.oom_kills(c)),
-            pids: live_pids(cgroup),
-            upper: match cg {
-                Some(_) if !self.tracer.counts_files() => upper_fingerprint(upper),
-                _ => None,
-            },
             counters,
+            base,
         }
+    }
+
+    /// Whether a writer is held now: `/proc`, then the BPF count of live io_uring/AIO users.
+    fn held_now(&self, cgroup: &SandboxCgroup, after: Option<&Counters>) -> Option<Writer> {
+        held::scan(&cgroup.pids().unwrap_or_default()).or_else(|| {
+            after
+                .filter(|a| a.async_procs > 0)
+                .map(|a| Writer::AsyncIo {
+                    processes: a.async_procs,
+                })
+        })
     }
 }
 
@@ -189,8 +245,7 @@ pub struct ActionProbe {
     cgroup_id: Option<u64>,
     counters: Option<Counters>,
     oom_kills: Option<u64>,
-    pids: Vec<i32>,
-    upper: Option<[u8; 32]>,
+    base: Option<Mark>,
 }
 
 const FATAL: [i32; 6] = [
@@ -249,16 +304,44 @@ impl ActionProbe {
                 signal: None,
             })
         });
-        let procs_changed = pids != self.pids;
-        let dirty = match (self.counters, after) {
-            (Some(b), Some(a)) if tracer.tracer.counts_files() => {
-                Some(a.fs_writes > b.fs_writes || procs_changed)
-            }
-            _ => match (self.upper, upper_fingerprint(upper)) {
-                (Some(b), Some(a)) => Some(a != b || procs_changed),
+        let Some(base) = self.base else {
+            return ActionVerdict {
+                infra_fault,
+                dirty: None,
+            };
+        };
+        let counts_files = tracer.tracer.counts_files();
+        let upper_after = if counts_files {
+            None
+        } else {
+            upper_fingerprint(upper)
+        };
+        let files_changed = match (base.fs_writes, after) {
+            (Some(b), Some(a)) if counts_files => Some(a.fs_writes != b),
+            _ => match (base.upper, upper_after) {
+                (Some(b), Some(a)) => Some(a != b),
                 _ => None,
             },
         };
+        let held = tracer.held_now(cgroup, after.as_ref());
+        if let Some(w) = base.held.as_ref().or(held.as_ref()) {
+            tracing::debug!(sandbox = %rec.id, writer = %w, "files may change without syscalls: step dirty");
+        }
+        let certain = pids != base.pids || base.held.is_some() || held.is_some();
+        let dirty = match files_changed {
+            Some(f) => Some(f || certain),
+            None => certain.then_some(true),
+        };
+        lock(&tracer.shared.marks).insert(
+            rec.id.clone(),
+            Mark {
+                cgroup_id: cg,
+                fs_writes: after.filter(|_| counts_files).map(|a| a.fs_writes),
+                pids,
+                upper: upper_after,
+                held,
+            },
+        );
         ActionVerdict { infra_fault, dirty }
     }
 }

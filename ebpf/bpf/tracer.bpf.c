@@ -22,6 +22,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define S_IFMT 00170000
 #define S_IFREG 0100000
+#define S_IFDIR 0040000
 
 #define SIGHUP 1
 #define SIGINT 2
@@ -41,6 +42,7 @@ struct counters {
 	__u32 last_kill_signal;
 	__u32 last_oom_pid;
 	__u32 pad;
+	__u64 async_procs; /* live processes that used io_uring or Linux AIO (see async_users) */
 };
 
 struct event {
@@ -87,32 +89,80 @@ static __always_inline int pseudo_fs(unsigned long magic)
 	       magic == 0xcafe4a11 /* bpf */ || magic == 0x73636673 /* securityfs */;
 }
 
-/* Whether fd of the current task is a regular file with a name (not a pipe, socket, device,
- * memfd, unlinked file or pseudo-fs file): only writes to those change the sandbox's files. */
-static __always_inline int fd_is_named_regular(long fd)
+/* Whether inode is a regular file (or, with dirs, a directory) with a name, on a real file
+ * system: not a pipe, socket, device, anon inode, memfd or shared-memory file (their link
+ * count is 0), unlinked file or pseudo-fs file. Only changes to those change the sandbox's
+ * files. */
+static __always_inline int inode_is_named(struct inode *inode, int dirs)
+{
+	umode_t mode;
+
+	if (!inode)
+		return 0;
+	mode = BPF_CORE_READ(inode, i_mode) & S_IFMT;
+	if (mode != S_IFREG && !(dirs && mode == S_IFDIR))
+		return 0;
+	if (BPF_CORE_READ(inode, __i_nlink) == 0)
+		return 0;
+	return !pseudo_fs(BPF_CORE_READ(inode, i_sb, s_magic));
+}
+
+/* Mount namespace (inode number) of the agent, set by the loader; 0: unset. Files on its
+ * mounts were handed in from outside the sandbox (CRIU's parasite, running in the sandbox's
+ * tasks during a checkpoint, writes its log to one) and are not sandbox state. */
+const volatile __u64 host_mnt_ns = 0;
+
+static __always_inline int on_host_mount(struct file *f)
+{
+	struct vfsmount *vm = BPF_CORE_READ(f, f_path.mnt);
+	struct mount *m = (void *)vm - bpf_core_field_offset(struct mount, mnt);
+
+	return host_mnt_ns && BPF_CORE_READ(m, mnt_ns, ns.inum) == host_mnt_ns;
+}
+
+/* The open file behind descriptor fd of the current task, or NULL. */
+static __always_inline struct file *fd_file(long fd)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	unsigned int max = BPF_CORE_READ(fdt, max_fds);
 	struct file **fda;
 	struct file *f = 0;
-	struct inode *inode;
-	umode_t mode;
 
 	if (fd < 0 || fd >= max)
 		return 0;
 	fda = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fda[fd]) || !f)
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fda[fd]))
 		return 0;
-	inode = BPF_CORE_READ(f, f_inode);
-	mode = BPF_CORE_READ(inode, i_mode);
-	if ((mode & S_IFMT) != S_IFREG || BPF_CORE_READ(inode, __i_nlink) == 0)
-		return 0;
-	return !pseudo_fs(BPF_CORE_READ(inode, i_sb, s_magic));
+	return f;
+}
+
+/* Whether descriptor fd refers to a sandbox file: a named regular file (or, with dirs, a
+ * directory) not on one of the agent's own mounts. */
+static __always_inline int fd_is_sandbox_file(long fd, int dirs)
+{
+	struct file *f = fd_file(fd);
+
+	return f && inode_is_named(BPF_CORE_READ(f, f_inode), dirs) && !on_host_mount(f);
+}
+
+static __always_inline int fd_is_named_regular(long fd)
+{
+	return fd_is_sandbox_file(fd, 0);
 }
 
 #define O_CREAT 00000100
 #define O_TRUNC 00001000
+
+#define PROT_WRITE 0x2
+#define MAP_TYPE 0x0f
+#define MAP_PRIVATE 0x02
+#define MAP_ANONYMOUS 0x20
+#define VM_MAYSHARE 0x00000080
+#define IOC_WRITE_BIT (1u << 30) /* _IOC_WRITE << _IOC_DIRSHIFT */
+#define AF_UNIX 1
+#define ENOENT 2
+#define EEXIST 17
 
 /* What sys_exit does for a syscall remembered at sys_enter. */
 #define PENDING_IF_OK 1	  /* count when it succeeded */
@@ -126,6 +176,17 @@ struct {
 	__type(value, __u32);
 } pending SEC(".maps");
 
+/* Processes (tgid) of tracked cgroups that used io_uring or Linux AIO -> their cgroup id,
+ * until the process exits. Such a process may change files later without any syscall (an
+ * SQPOLL ring, linked or deferred requests, AIO still in flight); `counters.async_procs`
+ * counts the live ones and the agent reports every step of the cgroup dirty while it is > 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} async_users SEC(".maps");
+
 static __always_inline void remember(__u32 what)
 {
 	__u64 tid = bpf_get_current_pid_tgid();
@@ -133,20 +194,176 @@ static __always_inline void remember(__u32 what)
 	bpf_map_update_elem(&pending, &tid, &what, BPF_ANY);
 }
 
+static __always_inline void count_write(struct counters *c)
+{
+	__sync_fetch_and_add(&c->fs_writes, 1);
+}
+
+static __always_inline void note_async_user(struct counters *c)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u64 cg;
+	long r;
+
+	if (bpf_map_lookup_elem(&async_users, &tgid))
+		return;
+	cg = bpf_get_current_cgroup_id();
+	r = bpf_map_update_elem(&async_users, &tgid, &cg, BPF_NOEXIST);
+	/* -EEXIST: another thread was first. A full map still counts: never uncounted, so the
+	 * cgroup stays dirty for good rather than clean too early. */
+	if (r != -EEXIST)
+		__sync_fetch_and_add(&c->async_procs, 1);
+}
+
+static __always_inline void forget_async_user(__u32 tgid)
+{
+	__u64 *cg = bpf_map_lookup_elem(&async_users, &tgid);
+	struct counters *c;
+
+	if (!cg)
+		return;
+	c = bpf_map_lookup_elem(&sandboxes, cg);
+	if (c && c->async_procs > 0)
+		__sync_fetch_and_sub(&c->async_procs, 1);
+	bpf_map_delete_elem(&async_users, &tgid);
+}
+
 /* File activity: one raw (BTF) tracepoint on every syscall entry and exit instead of the
  * per-syscall perf tracepoints, which cost an untar twice its time here; tasks outside
  * tracked cgroups leave after one map lookup. Syscall numbers are per architecture: x86_64
  * only for now (elsewhere the loader reports no file counters and the agent falls back to
- * comparing the upper layer). */
+ * comparing the upper layer).
+ *
+ * Every way a sandbox task can change a file, and how it is counted ("enter": at sys_enter,
+ * whether or not the call then succeeds, which is cheaper than a pending entry per write and
+ * errs only towards dirty; "ok": at sys_exit when it returned >= 0; "held": by the agent at
+ * the end of each step, from /proc, see agent/src/trace/held.rs):
+ *
+ * "Named regular": a regular file with a link count > 0, not on a pseudo fs, and for
+ * descriptors not on a mount of the agent's own mount namespace (host_mnt_ns).
+ *
+ *   path                                        rule
+ *   write pwrite64 writev pwritev pwritev2      enter, fd is a named regular file
+ *   ftruncate fallocate fchmod fchown
+ *   fsetxattr fremovexattr
+ *   sendfile (out_fd)                           enter, out_fd named regular
+ *   splice copy_file_range (fd_out)             enter, fd_out named regular
+ *   open openat (O_CREAT|O_TRUNC) creat         exit, the new fd is a named regular file
+ *   openat2 open_by_handle_at                   same (openat2: unreadable how -> as O_CREAT)
+ *   unlink* rmdir rename* mkdir* mknod* link*   ok
+ *   symlink* chmod fchmodat* chown lchown
+ *   fchownat truncate utime* futimesat
+ *   setxattr lsetxattr removexattr lremovexattr
+ *   setxattrat removexattrat file_setattr acct
+ *   bind of an AF_UNIX socket to a path         ok (creates the socket inode); unreadable
+ *                                               address -> ok as well
+ *   ioctl with _IOC_WRITE on a named regular    enter (FICLONE, FICLONERANGE, FS_IOC_SETFLAGS,
+ *   file or directory                           FS_IOC_FSSETXATTR, FS_IOC_RESVSP/ZERO_RANGE,
+ *                                               verity, ...; FIEMAP errs towards dirty)
+ *   mmap MAP_SHARED(_VALIDATE) + PROT_WRITE     enter, fd named regular, not MAP_ANONYMOUS:
+ *                                               stores through the mapping need no syscall
+ *   mprotect pkey_mprotect adding PROT_WRITE    enter, a vma of the range (bpf_find_vma, up
+ *                                               to 16 vmas; more, or a busy mmap lock, counts)
+ *                                               is a shared mapping of a named regular file
+ *   a shared writable file mapping made in an   held: any task of the sandbox with an rw-s
+ *   earlier step (its own stores, a background  mapping of a regular file with a link count
+ *   process's, process_vm_writev, ptrace,       > 0 (map_files) at the end of the previous
+ *   /proc/pid/mem, read() into it, futex ops,   step or of this one makes the step dirty
+ *   madvise MADV_REMOVE, mremap, msync, uffd)
+ *   io_uring_setup io_uring_enter               enter, always; the process joins async_users
+ *   io_uring_register                           (dirty while it lives); held: an io_uring fd,
+ *   (SQPOLL rings submit without syscalls,      ring mapping or iou-sqp/iou-wrk thread
+ *   linked timeouts run requests later)
+ *   io_setup io_submit (Linux AIO)              enter, always; async_users; held: an [aio]
+ *                                               ring mapping
+ *   32-bit (int 0x80, ia32) and x32 syscalls    enter, every one: the numbers above are the
+ *                                               x86_64 table's
+ *   a core dump (core_pattern writes into the   at sched_process_exit: exit code has 0x80
+ *   sandbox's cwd, no syscall of the task)
+ *   memfd_create + write, O_TMPFILE, SysV/anon  not counted: link count 0, not in the upper
+ *   shared memory, pipes, sockets, devices,     layer; linking one in (linkat AT_EMPTY_PATH)
+ *   /proc and other pseudo files                is linkat: ok
+ *   tee vmsplice process_vm_writev              memory and pipes only (a shared file mapping
+ *                                               written through them is held)
+ *
+ * Known limits: the fd checks at enter race with another thread of the task replacing the
+ * descriptor (dup2) between the check and the call's own lookup; a daemon restart loses
+ * async_users (the held checks remain). */
 #if defined(__TARGET_ARCH_x86)
+#define TS_COMPAT 0x0002		/* thread_info.status: a 32-bit syscall is running */
+#define X32_SYSCALL_BIT 0x40000000
+#define MPROTECT_VMAS 16
+
+struct vma_walk {
+	__u64 next; /* end of the last vma seen */
+	int hit;    /* one was a shared mapping of a named regular file */
+};
+
+static long vma_visit(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_walk *w = data;
+	struct file *f;
+
+	w->next = BPF_CORE_READ(vma, vm_end);
+	if (!(BPF_CORE_READ(vma, vm_flags) & VM_MAYSHARE))
+		return 0;
+	f = BPF_CORE_READ(vma, vm_file);
+	if (f && inode_is_named(BPF_CORE_READ(f, f_inode), 0))
+		w->hit = 1;
+	return 0;
+}
+
+/* Whether mprotect(start, len, ...) covers a shared mapping of a named regular file. vm_end
+ * is page aligned, so comparing with start + len equals comparing with the kernel's
+ * page-aligned end. */
+static __always_inline int range_has_shared_file(__u64 start, __u64 len)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct vma_walk w = { .next = start };
+	__u64 end = start + len;
+	int i;
+
+	for (i = 0; i < MPROTECT_VMAS; i++) {
+		long r;
+
+		if (w.next >= end)
+			return 0;
+		r = bpf_find_vma(task, w.next, vma_visit, &w, 0);
+		if (r == -ENOENT)
+			return 0; /* a hole: mprotect stops there with ENOMEM */
+		if (r || w.hit)
+			return 1; /* -EBUSY (mmap lock contended): cannot tell */
+	}
+	return w.next < end;
+}
+
+/* bind(fd, addr, len) names a path (not an abstract or unnamed AF_UNIX address); an
+ * unreadable address counts (sys_exit then checks success). */
+static __always_inline int binds_path(__u64 addr, __u64 len)
+{
+	__u8 b[3] = {};
+
+	if (len <= 2)
+		return 0;
+	if (bpf_probe_read_user(b, sizeof(b), (void *)addr))
+		return 1;
+	return b[0] == AF_UNIX && b[1] == 0 && b[2] != 0; /* sa_family_t, little endian */
+}
+
 SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 {
 	struct counters *c = current_counters();
+	struct task_struct *task;
 	long flags;
 
 	if (!c)
 		return 0;
+	task = bpf_get_current_task_btf();
+	if ((id & X32_SYSCALL_BIT) || (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT)) {
+		count_write(c);
+		return 0;
+	}
 	switch (id) {
 	case 1:	  /* write */
 	case 18:  /* pwrite64 */
@@ -161,12 +378,41 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 199: /* fremovexattr */
 	case 40:  /* sendfile */
 		if (fd_is_named_regular(BPF_CORE_READ(regs, di)))
-			__sync_fetch_and_add(&c->fs_writes, 1);
+			count_write(c);
 		break;
 	case 326: /* copy_file_range */
 	case 275: /* splice */
 		if (fd_is_named_regular(BPF_CORE_READ(regs, dx)))
-			__sync_fetch_and_add(&c->fs_writes, 1);
+			count_write(c);
+		break;
+	case 9: /* mmap(addr, len, prot, flags, fd, off) */
+		flags = BPF_CORE_READ(regs, r10);
+		if ((BPF_CORE_READ(regs, dx) & PROT_WRITE) && (flags & MAP_TYPE) != MAP_PRIVATE &&
+		    !(flags & MAP_ANONYMOUS) && fd_is_named_regular(BPF_CORE_READ(regs, r8)))
+			count_write(c);
+		break;
+	case 10:  /* mprotect(start, len, prot) */
+	case 329: /* pkey_mprotect(start, len, prot, pkey) */
+		if ((BPF_CORE_READ(regs, dx) & PROT_WRITE) &&
+		    range_has_shared_file(BPF_CORE_READ(regs, di), BPF_CORE_READ(regs, si)))
+			count_write(c);
+		break;
+	case 16: /* ioctl(fd, cmd, arg) */
+		if ((BPF_CORE_READ(regs, si) & IOC_WRITE_BIT) &&
+		    fd_is_sandbox_file(BPF_CORE_READ(regs, di), 1))
+			count_write(c);
+		break;
+	case 206: /* io_setup */
+	case 209: /* io_submit */
+	case 425: /* io_uring_setup */
+	case 426: /* io_uring_enter */
+	case 427: /* io_uring_register */
+		count_write(c);
+		note_async_user(c);
+		break;
+	case 49: /* bind(fd, addr, len) */
+		if (binds_path(BPF_CORE_READ(regs, si), BPF_CORE_READ(regs, dx)))
+			remember(PENDING_IF_OK);
 		break;
 	case 2: /* open */
 		flags = BPF_CORE_READ(regs, si);
@@ -174,6 +420,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 			remember(PENDING_OPEN_FD);
 		break;
 	case 257: /* openat */
+	case 304: /* open_by_handle_at(mount_fd, handle, flags) */
 		flags = BPF_CORE_READ(regs, dx);
 		if (flags & (O_CREAT | O_TRUNC))
 			remember(PENDING_OPEN_FD);
@@ -181,8 +428,9 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 437: { /* openat2 */
 		__u64 how_flags = 0;
 
-		bpf_probe_read_user(&how_flags, sizeof(how_flags), (void *)BPF_CORE_READ(regs, dx));
-		if (how_flags & (O_CREAT | O_TRUNC))
+		if (bpf_probe_read_user(&how_flags, sizeof(how_flags),
+					(void *)BPF_CORE_READ(regs, dx)) ||
+		    (how_flags & (O_CREAT | O_TRUNC)))
 			remember(PENDING_OPEN_FD);
 		break;
 	}
@@ -218,6 +466,10 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 189: /* lsetxattr */
 	case 197: /* removexattr */
 	case 198: /* lremovexattr */
+	case 463: /* setxattrat */
+	case 466: /* removexattrat */
+	case 469: /* file_setattr */
+	case 163: /* acct: the kernel then writes a record at every exit */
 		remember(PENDING_IF_OK);
 		break;
 	default:
@@ -240,7 +492,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (!what)
 		return 0;
 	if (ret >= 0 && (*what == PENDING_IF_OK || fd_is_named_regular(ret)))
-		__sync_fetch_and_add(&c->fs_writes, 1);
+		count_write(c);
 	bpf_map_delete_elem(&pending, &tid);
 	return 0;
 }
@@ -270,18 +522,27 @@ SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_exit, struct task_struct *p)
 {
 	__u64 cg = bpf_get_current_cgroup_id();
-	struct counters *c = bpf_map_lookup_elem(&sandboxes, &cg);
+	struct counters *c;
 	struct event e = {};
 	int code;
 
-	if (!c)
-		return 0;
 	e.pid = BPF_CORE_READ(p, tgid);
 	e.tid = BPF_CORE_READ(p, pid);
+	/* The last task of the process (signal->live is decremented before this tracepoint):
+	 * its rings and AIO contexts go with it. */
+	if (BPF_CORE_READ(p, signal, live.counter) == 0)
+		forget_async_user(e.pid);
+	c = bpf_map_lookup_elem(&sandboxes, &cg);
+	if (!c)
+		return 0;
+	code = BPF_CORE_READ(p, exit_code);
+	/* 0x80: the task dumped core; the kernel wrote the file (core_pattern "core": into the
+	 * task's working directory, in the sandbox) without a syscall of the task. */
+	if (code & 0x80)
+		__sync_fetch_and_add(&c->fs_writes, 1);
 	if (e.pid != e.tid)
 		return 0;
 	__sync_fetch_and_add(&c->exits, 1);
-	code = BPF_CORE_READ(p, exit_code);
 	e.kind = EV_EXIT;
 	e.signal = code & 0x7f;
 	e.exit_code = (code >> 8) & 0xff;

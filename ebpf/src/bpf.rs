@@ -73,10 +73,17 @@ pub(crate) struct BpfTracer {
 }
 
 impl BpfTracer {
-    pub(crate) fn start(targets: Targets, sink: Sink) -> Result<BpfTracer, TracerError> {
+    /// Loads and attaches the programs. `host_mnt_ns`: inode number of a mount namespace
+    /// whose files are not sandbox state (the agent's own; 0 for none).
+    pub(crate) fn start(
+        targets: Targets,
+        sink: Sink,
+        host_mnt_ns: u64,
+    ) -> Result<BpfTracer, TracerError> {
         let btf = Btf::from_sys_fs().map_err(TracerError::Btf)?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
+            .override_global("host_mnt_ns", &host_mnt_ns, true)
             .load(OBJECT)
             .map_err(TracerError::Load)?;
         for (name, tp) in BTF_PROGRAMS {

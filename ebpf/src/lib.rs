@@ -11,9 +11,14 @@
 //!   context): typed events on a ring buffer, turned into [`Fault`]s;
 //! - `sched_process_fork/exit`, and file activity through the raw `sys_enter`/`sys_exit`
 //!   tracepoints (writes to named regular files, creating or truncating opens, unlink,
-//!   rename, mkdir, mknod, links, chmod/chown/utimes/truncate, xattrs; x86_64 syscall numbers,
-//!   see [`Tracer::counts_files`]): counters in the per-cgroup map, read synchronously with
-//!   [`Tracer::counters`]. The per-syscall perf tracepoints were measured first and dropped
+//!   rename, mkdir, mknod, links, chmod/chown/utimes/truncate, xattrs, path-bound Unix
+//!   sockets, modifying ioctls, shared writable file mappings by `mmap`/`mprotect`
+//!   (`bpf_find_vma`, Linux ≥ 5.17), io_uring and AIO, every 32-bit/x32 syscall, core dumps;
+//!   x86_64 syscall numbers, see [`Tracer::counts_files`]; the table in `bpf/tracer.bpf.c`
+//!   lists every path and its rule): counters in the per-cgroup map, read synchronously with
+//!   [`Tracer::counters`], including the live io_uring/AIO users
+//!   ([`Counters::async_procs`]). Stores through a shared file mapping made in an earlier
+//!   step need no syscall at all: the agent checks `/proc` for such mappings. The per-syscall perf tracepoints were measured first and dropped
 //!   (an untar in a sandbox took twice as long); fentry and LSM programs, which would hook the
 //!   VFS directly, are refused by the kernels here (EPERM at load).
 //!
@@ -23,7 +28,8 @@
 //! saying why, and [`Tracer::kind`] reports it.
 //!
 //! Kernel requirements: BPF with BTF (`CONFIG_DEBUG_INFO_BTF`, `/sys/kernel/btf/vmlinux`), BPF
-//! ring buffers and BTF tracepoints (Linux ≥ 5.8), cgroup v2 mounted (ids are v2 cgroup inode
+//! ring buffers and BTF tracepoints (Linux ≥ 5.8), `bpf_find_vma` (Linux ≥ 5.17; an older
+//! kernel refuses the object and the fallback runs), cgroup v2 mounted (ids are v2 cgroup inode
 //! numbers, also on hybrid hosts), CAP_BPF + CAP_PERFMON or CAP_SYS_ADMIN. The fallback needs
 //! `pidfd_open` and `waitid(P_PIDFD)` (Linux ≥ 5.4). Measured here (kernel 6.18, 2 cores):
 //! SIGKILL of a sandbox init → fault delivered in ≈ 0.3–0.6 ms with BPF, ≈ 8–14 ms with the

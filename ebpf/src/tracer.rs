@@ -182,7 +182,10 @@ pub struct TraceEvent {
 pub struct Counters {
     /// File modifications: writes to named regular files (not pipes, sockets, devices, memfds,
     /// pseudo files), creates, unlinks, renames, mkdir/rmdir, mknod, links, attribute changes
-    /// (chmod, chown, utimes, truncate), xattr changes.
+    /// (chmod, chown, utimes, truncate), xattr changes, Unix sockets bound to a path,
+    /// modifying ioctls, shared writable file mappings made by `mmap` or `mprotect`, every
+    /// io_uring and Linux AIO syscall, every 32-bit or x32 syscall, core dumps (the table in
+    /// `bpf/tracer.bpf.c` lists each path and its rule).
     pub fs_writes: u64,
     /// Processes created (threads not counted).
     pub forks: u64,
@@ -200,10 +203,16 @@ pub struct Counters {
     pub last_oom_pid: u32,
     /// Padding (layout of the BPF side).
     pub pad: u32,
+    /// Live processes of the cgroup that used io_uring or Linux AIO since it was tracked
+    /// (each counted once, uncounted when its last thread exits; never uncounted when the
+    /// BPF map of such processes was full). While it is above 0, files may change without
+    /// any syscall (SQPOLL rings, deferred requests, AIO in flight).
+    pub async_procs: u64,
 }
 
 // SAFETY: `Counters` is `repr(C)`, made only of integers (any bit pattern is valid) and has the
-// exact layout of `struct counters` in bpf/tracer.bpf.c (5 u64 then 4 u32, no implicit padding).
+// exact layout of `struct counters` in bpf/tracer.bpf.c (5 u64, 4 u32, 1 u64: no implicit
+// padding, the u32s fill 16 bytes).
 unsafe impl aya::Pod for Counters {}
 
 /// The cgroup v2 id of the cgroup directory `dir`: its inode number.
@@ -223,12 +232,14 @@ pub(crate) type Targets = Arc<Mutex<HashMap<u64, Target>>>;
 pub struct TracerBuilder {
     force_fallback: bool,
     sink: Option<Sink>,
+    own_mount_ns: u64,
 }
 
 impl fmt::Debug for TracerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TracerBuilder")
             .field("force_fallback", &self.force_fallback)
+            .field("own_mount_ns", &self.own_mount_ns)
             .finish_non_exhaustive()
     }
 }
@@ -237,6 +248,16 @@ impl TracerBuilder {
     /// Skip BPF and run the fallback detector (`belayerd --no-bpf`).
     pub fn force_fallback(mut self, yes: bool) -> Self {
         self.force_fallback = yes;
+        self
+    }
+
+    /// Files on the mounts of the mount namespace with this inode number (that of
+    /// `/proc/self/ns/mnt`: the agent's own) are not sandbox state: writes to them through
+    /// descriptors handed into a sandbox (CRIU's parasite writes its log to one while it runs
+    /// in the sandbox's tasks during a checkpoint) are not counted. Unset (0): every file
+    /// counts, as for processes that live in the agent's own mount namespace (tests).
+    pub fn own_mount_ns(mut self, inode: u64) -> Self {
+        self.own_mount_ns = inode;
         self
     }
 
@@ -254,7 +275,7 @@ impl TracerBuilder {
         let sink = self.sink.unwrap_or_else(|| Arc::new(|_| {}));
         let targets: Targets = Arc::default();
         if !self.force_fallback {
-            match BpfTracer::start(targets.clone(), sink.clone()) {
+            match BpfTracer::start(targets.clone(), sink.clone(), self.own_mount_ns) {
                 Ok(bpf) => {
                     tracing::info!("sandbox tracer: BPF programs attached");
                     return Ok(Tracer {
@@ -327,6 +348,7 @@ impl Tracer {
         TracerBuilder {
             force_fallback: false,
             sink: None,
+            own_mount_ns: 0,
         }
     }
 
@@ -423,7 +445,7 @@ mod tests {
 
     #[test]
     fn counters_match_the_bpf_layout() {
-        assert_eq!(std::mem::size_of::<Counters>(), 5 * 8 + 4 * 4);
+        assert_eq!(std::mem::size_of::<Counters>(), 6 * 8 + 4 * 4);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The tracer against the real kernel (root): a scratch cgroup v2 with shell processes in it.
 
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -39,6 +40,19 @@ impl Scratch {
 
     /// Starts `sh -c script` inside the cgroup.
     fn spawn(&mut self, script: &str) -> u32 {
+        let child = self.command(script).spawn().expect("spawn");
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+
+    /// Runs `sh -c script` inside the cgroup to its end; its exit code.
+    fn run(&mut self, script: &str) -> i32 {
+        let status = self.command(script).status().expect("run");
+        status.code().unwrap_or(-1)
+    }
+
+    fn command(&self, script: &str) -> Command {
         let procs = std::ffi::CString::new(
             self.dir
                 .join("cgroup.procs")
@@ -67,10 +81,7 @@ impl Scratch {
                 Ok(())
             });
         }
-        let child = cmd.spawn().expect("spawn");
-        let pid = child.id();
-        self.children.push(child);
-        pid
+        cmd
     }
 
     fn wait_all(&mut self) {
@@ -235,5 +246,161 @@ fn fallback_sees_the_init_exit() {
     eprintln!(
         "kill -> event (fallback): {:.3} ms",
         ev.observed.duration_since(sent).as_secs_f64() * 1000.0
+    );
+}
+
+/// The test probe `tests/probes/dirty.c`, built with the host's C compiler into `dir`.
+fn dirty_probe(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/probes/dirty.c");
+    let out = dir.join("dirty");
+    let status = Command::new("cc")
+        .args(["-static", "-no-pie", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("cc (build-essential, installed by scripts/setup.sh)");
+    assert!(status.success(), "cc {} failed", src.display());
+    out
+}
+
+/// Files changed without write(2): shared writable mappings (mmap, mprotect), io_uring, AIO,
+/// the 32-bit syscall entry, a Unix socket bound to a path, a core dump, all counted; reads
+/// and private memory are not. Live io_uring users are counted while they live.
+#[test]
+fn bpf_counts_changes_without_write_syscalls() {
+    let Some(mut sc) = Scratch::new("paths") else {
+        return;
+    };
+    let tracer = Tracer::builder().start().expect("tracer");
+    assert_eq!(
+        tracer.kind(),
+        TracerKind::Bpf,
+        "{:?}",
+        tracer.fallback_reason()
+    );
+    let id = cgroup_id(&sc.dir).unwrap();
+    let init = sc.spawn("exec sleep 60");
+    tracer
+        .track(Target {
+            cgroup_id: id,
+            cgroup_dir: sc.dir.clone(),
+            init_pid: init as i32,
+            oom_events: None,
+        })
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let probe = dirty_probe(scratch.path());
+    let file = scratch.path().join("f");
+    std::fs::write(&file, vec![b'.'; 4096]).unwrap();
+    let (p, f) = (probe.display(), file.display());
+    let step = |sc: &mut Scratch, script: &str| -> (i32, bool) {
+        let before = tracer.counters(id).unwrap();
+        let code = sc.run(script);
+        let after = tracer.counters(id).unwrap();
+        (code, after.fs_writes > before.fs_writes)
+    };
+    for clean in [
+        format!("cat {f} > /dev/null"),
+        format!("{p} mmap-read {f}"),
+        format!("{p} mprotect-anon"),
+    ] {
+        let (code, dirty) = step(&mut sc, &clean);
+        assert_eq!(code, 0, "{clean}");
+        assert!(!dirty, "{clean} should be clean");
+    }
+    let sock = scratch.path().join("sock");
+    for (changing, may_be_refused) in [
+        (format!("{p} mmap-write {f}"), false),
+        (format!("{p} mprotect-write {f}"), false),
+        (format!("{p} uring-write {f}"), true),
+        (format!("{p} aio-write {f}"), true),
+        (format!("{p} int80-write {f}"), true),
+        (format!("{p} bind-unix {}", sock.display()), false),
+    ] {
+        let (code, dirty) = step(&mut sc, &changing);
+        if code == 2 && may_be_refused {
+            eprintln!("{changing}: refused by this kernel (a refused attempt counts anyway)");
+        } else {
+            assert_eq!(code, 0, "{changing}");
+        }
+        assert!(dirty, "{changing} should be dirty");
+    }
+    assert_eq!(tracer.counters(id).unwrap().async_procs, 0, "users exited");
+
+    // A live io_uring user is counted until it exits.
+    let holder = sc.spawn(&format!("exec {p} uring-hold"));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tracer.counters(id).unwrap().async_procs == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if tracer.counters(id).unwrap().async_procs == 1 {
+        // SAFETY: kill with a pid we started; no memory involved.
+        unsafe { libc::kill(holder as i32, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while tracer.counters(id).unwrap().async_procs != 0 {
+            assert!(Instant::now() < deadline, "io_uring user not uncounted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    } else {
+        eprintln!("io_uring refused here: no live user to count");
+    }
+
+    // A core dump is written by the kernel, not by a syscall of the task.
+    let cores = scratch.path().join("cores");
+    std::fs::create_dir(&cores).unwrap();
+    let (_, dirty) = step(
+        &mut sc,
+        &format!(
+            "ulimit -c unlimited && cd {} && sh -c 'kill -SEGV $$'",
+            cores.display()
+        ),
+    );
+    let dumped = std::fs::read_dir(&cores).unwrap().next().is_some();
+    if dumped {
+        assert!(dirty, "a core dump into the cgroup's cwd should be dirty");
+    } else {
+        eprintln!("no core file written here (core_pattern or limits): core dump case skipped");
+    }
+}
+
+/// With the agent's own mount namespace given, files on its mounts (descriptors handed into a
+/// sandbox from outside) do not count; the same file reached through a mount of another
+/// namespace does.
+#[test]
+fn bpf_ignores_files_of_the_agents_own_mounts() {
+    let Some(mut sc) = Scratch::new("own-ns") else {
+        return;
+    };
+    let own = std::fs::metadata("/proc/self/ns/mnt").unwrap().ino();
+    let tracer = Tracer::builder().own_mount_ns(own).start().expect("tracer");
+    assert_eq!(
+        tracer.kind(),
+        TracerKind::Bpf,
+        "{:?}",
+        tracer.fallback_reason()
+    );
+    let id = cgroup_id(&sc.dir).unwrap();
+    let init = sc.spawn("exec sleep 60");
+    tracer
+        .track(Target {
+            cgroup_id: id,
+            cgroup_dir: sc.dir.clone(),
+            init_pid: init as i32,
+            oom_events: None,
+        })
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let f = scratch.path().join("f");
+    let writes = || tracer.counters(id).unwrap().fs_writes;
+    let c0 = writes();
+    assert_eq!(sc.run(&format!("echo x > {}", f.display())), 0);
+    assert_eq!(writes(), c0, "a file of the agent's own mounts");
+    assert_eq!(
+        sc.run(&format!("unshare -m sh -c 'echo y >> {}'", f.display())),
+        0
+    );
+    assert!(
+        writes() > c0,
+        "the same file through another namespace's mount"
     );
 }
