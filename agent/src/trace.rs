@@ -94,7 +94,8 @@ impl SandboxTracer {
         let shared: Arc<Shared> = Arc::default();
         let s = shared.clone();
         // Files of the agent's own mounts are never sandbox state.
-        let own_ns = std::fs::metadata("/proc/self/ns/mnt").map_or(0, |m| m.ino());
+        let own_ns = std::fs::metadata("/proc/self/ns/mnt")
+            .map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m));
         let tracer = Tracer::builder()
             .force_fallback(no_bpf)
             .own_mount_ns(own_ns)
