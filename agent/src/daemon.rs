@@ -9,89 +9,28 @@ use std::collections::HashMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use belayer_ipc::{
     Caller, ErrorCode, ErrorReply, Event, PeerCred, Request, Response, SandboxInfo, StatusInfo,
     PROTOCOL_VERSION,
 };
 
-use crate::cgroup::{CgroupLayout, SandboxCgroup};
-use crate::config::Config;
-use crate::images::ImageStore;
+use crate::cgroup::CgroupLayout;
 use crate::runtime::Runtime;
-use crate::sandbox::{self, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
+use crate::sandbox::{self, SandboxSlot, SandboxState};
 use crate::store::CheckpointStore;
 use crate::sys;
 
 pub mod access;
+mod adopt;
 mod image_api;
 pub mod rollout_api;
+mod start;
+
+pub use start::StartError;
 
 use access::AccessError;
 use rollout_api::{ContextLogs, EventBus, Policies};
-
-/// Errors starting the agent.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    /// No usable CRIU.
-    #[error(transparent)]
-    Criu(#[from] belayer_criu::LocateError),
-    /// No usable cgroup hierarchy.
-    #[error(transparent)]
-    Cgroup(#[from] crate::cgroup::CgroupError),
-    /// The state dir cannot be used.
-    #[error("cannot use state dir {path}")]
-    StateDir {
-        /// Path.
-        path: std::path::PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Another agent holds the state dir.
-    #[error("state dir {path} is in use by another belayerd")]
-    Locked {
-        /// The state dir.
-        path: std::path::PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The image store cannot be opened.
-    #[error(transparent)]
-    Images(#[from] crate::images::ImageError),
-    /// A syscall failed.
-    #[error(transparent)]
-    Sys(#[from] sys::SyscallError),
-    /// Not even the fallback sandbox tracer could start.
-    #[error("cannot start the sandbox tracer")]
-    Tracer(#[source] belayer_ebpf::TracerError),
-    /// The helper binary could not be sealed into a memfd.
-    #[error(transparent)]
-    Helper(#[from] crate::helper::image::HelperImageError),
-    /// The upper-layer blob store could not be opened.
-    #[error("cannot open the blob store")]
-    Blobs(#[source] belayer_overlay::layer::BlobError),
-    /// The state dir cannot enforce the configured default disk limit.
-    #[error(
-        "state dir {path} cannot enforce default_disk_max_bytes = {bytes}: run scripts/setup.sh \
-         (it loop-mounts a btrfs image at /var/lib/belayer), put the state dir on btrfs, or set \
-         default_disk_max_bytes = 0 (no disk limit)"
-    )]
-    DiskQuota {
-        /// The state dir.
-        path: std::path::PathBuf,
-        /// The configured default limit.
-        bytes: u64,
-        /// Why quotas are unavailable.
-        #[source]
-        source: crate::quota::QuotaError,
-    },
-}
 
 /// Backing tmpfs of CRIU's kernel-feature cache.
 pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
@@ -135,127 +74,6 @@ fn unknown(id: &str) -> Response {
 }
 
 impl Agent {
-    /// Validates `config`, locates CRIU, probes cgroups, becomes a child subreaper and
-    /// re-adopts the sandboxes of the state dir.
-    pub fn start(config: Config) -> Result<Arc<Agent>, StartError> {
-        config.validate()?;
-        let criu = belayer_criu::Criu::locate(config.criu.as_deref())?;
-        // CRIU re-probes kernel features on every run (20-60 ms here) unless its cache sits on
-        // a tmpfs; keep one mounted for the node's lifetime (shared by every agent).
-        match criu.kdat_cache(std::path::Path::new(KDAT_DIR)) {
-            Ok(cache) => {
-                tracing::info!(mode = ?cache.mode(), "CRIU kernel-feature cache ready");
-                cache.leak();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no CRIU kernel-feature cache: every dump re-probes")
-            }
-        }
-        CgroupLayout::detect()?;
-        sys::set_child_subreaper()?;
-        make_empty_dir().map_err(|source| StartError::StateDir {
-            path: crate::helper::mount::EMPTY_DIR.into(),
-            source,
-        })?;
-        fs::create_dir_all(config.state_dir.join("sandboxes")).map_err(|source| {
-            StartError::StateDir {
-                path: config.state_dir.clone(),
-                source,
-            }
-        })?;
-        // Sandbox content (setuid files in upper layers, memory images, LLM contexts) is
-        // reachable through the state dir: only root may enter it.
-        fs::set_permissions(
-            &config.state_dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )
-        .map_err(|source| StartError::StateDir {
-            path: config.state_dir.clone(),
-            source,
-        })?;
-        // One agent per state dir: a second one would adopt (and clean up after) sandboxes the
-        // first is working on.
-        let lock = lock_state_dir(&config.state_dir)?;
-        let quota =
-            crate::quota::open_state_quota(&config.state_dir, config.default_disk_max_bytes)
-                .map_err(|source| StartError::DiskQuota {
-                    path: config.state_dir.clone(),
-                    bytes: config.default_disk_max_bytes,
-                    source,
-                })?;
-        let images = ImageStore::open(&config.state_dir)?;
-        let helper = crate::helper::image::HelperImage::beside_current_exe()?;
-        let contexts = ContextLogs::new(&config.state_dir);
-        let tracer =
-            crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
-        let stage = match config.dump_stage_bytes {
-            0 => None,
-            bytes => match crate::stage::DumpStage::mount(
-                std::path::Path::new(DUMP_STAGE_DIR),
-                &config.state_dir,
-                bytes,
-            ) {
-                Ok(stage) => Some(stage),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no dump stage: CRIU writes images to the state dir while frozen");
-                    None
-                }
-            },
-        };
-        let blobs = belayer_overlay::layer::BlobStore::open(&config.state_dir.join("blobs"))
-            .map_err(StartError::Blobs)?
-            .with_compression(config.blob_zstd_level);
-        let pool = config.userns_pool();
-        let agent = Arc::new(Agent {
-            _lock: lock,
-            events: EventBus::default(),
-            policies: Policies::default(),
-            contexts,
-            failed_seen: Mutex::new(std::collections::HashSet::new()),
-            rt: Runtime {
-                config,
-                images,
-                criu,
-                helper,
-                userns: crate::userns::RangeAllocator::new(pool),
-                tracer,
-                blobs,
-                stage,
-                quota,
-            },
-            sandboxes: Mutex::new(HashMap::new()),
-        });
-        let weak = Arc::downgrade(&agent);
-        agent.rt.tracer.set_handler(move |id, fault| {
-            if let Some(agent) = weak.upgrade() {
-                agent.on_fault(id, fault);
-            }
-        });
-        agent.adopt();
-        // Reading every checkpoint's layer manifest can take a while: serve meanwhile (the
-        // store's lock keeps captures and the collection apart).
-        let collector = Arc::downgrade(&agent);
-        std::thread::spawn(move || {
-            if let Some(agent) = collector.upgrade() {
-                agent.collect_blobs();
-            }
-        });
-        let weak = Arc::downgrade(&agent);
-        std::thread::Builder::new()
-            .name("reaper".into())
-            .spawn(move || loop {
-                std::thread::sleep(Duration::from_millis(200));
-                let Some(agent) = weak.upgrade() else { break };
-                agent.reap();
-                agent.watch_failures();
-            })
-            .map_err(|source| StartError::StateDir {
-                path: "reaper thread".into(),
-                source,
-            })?;
-        Ok(agent)
-    }
-
     /// The runtime.
     pub fn runtime(&self) -> &Runtime {
         &self.rt
@@ -449,111 +267,6 @@ impl Agent {
         }
     }
 
-    /// Loads every sandbox of the state dir after a (re)start.
-    fn adopt(&self) {
-        let dir = self.rt.config.state_dir.join("sandboxes");
-        let Ok(entries) = fs::read_dir(&dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let id = e.file_name().to_string_lossy().into_owned();
-            if id.starts_with(sandbox::remove::TRASH_PREFIX) {
-                // Removed, not yet deleted: finish in the background.
-                let path = e.path();
-                std::thread::spawn(move || sandbox::remove::delete_sandbox_dir(&path));
-                continue;
-            }
-            let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
-            let mut rec = match SandboxRecord::load(&paths) {
-                Ok(r) => r,
-                Err(err) => {
-                    tracing::warn!(sandbox = %id, error = %err, "skipping sandbox with unreadable state");
-                    continue;
-                }
-            };
-            if let Some(range) = rec.userns {
-                self.rt.userns.adopt(range);
-            }
-            // A crash between making an instance's volume and limiting it leaves no limit:
-            // set it again.
-            let inst = paths.instance(rec.instance);
-            if self.rt.quota.is_some() && crate::quota::is_volume(&inst) {
-                let limited =
-                    crate::quota::Volume::open(&inst).and_then(|v| v.set_limit(rec.spec.disk_max));
-                if let Err(err) = limited {
-                    tracing::warn!(sandbox = %id, error = %err, "cannot re-apply the disk limit");
-                }
-            }
-            // A checkpoint interrupted by a crash left no trace in the state file (that state
-            // is never written), but maybe a CRIU dump still running and a frozen cgroup: let
-            // the dump finish (it restores the freezer state it found when it exits), thaw,
-            // and discard any unpublished checkpoint (below).
-            if belayer_criu::abort_gated_dump(&paths.criu_work()) {
-                tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
-            }
-            if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
-                if cg.is_frozen().unwrap_or(false) {
-                    if let Some(pid) = rec.init_pid {
-                        wait_for_orphaned_dump(pid, Duration::from_secs(30));
-                    }
-                    if let Err(err) = cg.thaw() {
-                        tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
-                    }
-                }
-            }
-            rec.state = match rec.state {
-                // Written by daemons that persisted transient states.
-                SandboxState::Checkpointing => SandboxState::Running,
-                SandboxState::Restoring => SandboxState::Failed,
-                s => s,
-            };
-            if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
-                match store.discard_unpublished() {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints")
-                    }
-                    Err(err) => {
-                        tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store")
-                    }
-                }
-            }
-            if rec.state == SandboxState::Running && !rec.init_alive() {
-                rec.state = SandboxState::Failed;
-            }
-            // Instances other than the current one are leftovers of a restore the previous
-            // daemon did not finish (or of an old instance it had not deleted yet).
-            let stale: Vec<u32> = fs::read_dir(&paths.dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| {
-                    let name = e.file_name();
-                    name.to_str()?.strip_prefix("inst-")?.parse::<u32>().ok()
-                })
-                .filter(|n| *n != rec.instance)
-                .collect();
-            if !stale.is_empty() {
-                tracing::info!(sandbox = %id, ?stale, "removing stale instances");
-                let paths = paths.clone();
-                std::thread::spawn(move || {
-                    for n in stale {
-                        sandbox::restore::retire_instance(&paths, n);
-                    }
-                });
-            }
-            if let Err(err) = rec.save(&paths) {
-                tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
-            }
-            tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
-            if rec.state == SandboxState::Running {
-                self.rt.tracer.track(&rec);
-            }
-            self.registry()
-                .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
-        }
-    }
-
     fn ready_prefix(slot: &SandboxSlot) -> Option<u64> {
         let store = CheckpointStore::open(&slot.paths.checkpoints()).ok()?;
         let name = store.ready().ok()??;
@@ -741,74 +454,6 @@ impl Agent {
                 message: "subscribe is served by the socket server, not dispatched".into(),
             }),
         }
-    }
-}
-
-/// Makes [`crate::helper::mount::EMPTY_DIR`] (empty, root-owned, 0555) and its parent
-/// traversable (0755), which sandboxes bind over the `/proc` directories they must not see.
-fn make_empty_dir() -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::path::Path::new(crate::helper::mount::EMPTY_DIR);
-    fs::create_dir_all(dir)?;
-    if let Some(parent) = dir.parent() {
-        fs::set_permissions(parent, fs::Permissions::from_mode(0o755))?;
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o555))?;
-    if fs::read_dir(dir)?.next().is_some() {
-        return Err(std::io::Error::other("not empty"));
-    }
-    Ok(())
-}
-
-/// Takes an exclusive, non-blocking `flock` on `state_dir/belayerd.lock`.
-fn lock_state_dir(state_dir: &std::path::Path) -> Result<fs::File, StartError> {
-    let path = state_dir.join("belayerd.lock");
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|source| StartError::StateDir {
-            path: path.clone(),
-            source,
-        })?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-        |e| StartError::Locked {
-            path: state_dir.to_path_buf(),
-            source: e.into(),
-        },
-    )?;
-    Ok(file)
-}
-
-/// Waits (bounded) until no `criu dump --tree <pid>` process is left running.
-fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
-    let deadline = std::time::Instant::now() + limit;
-    let tree = pid.to_string();
-    let running = || {
-        let Ok(entries) = fs::read_dir("/proc") else {
-            return false;
-        };
-        entries.flatten().any(|e| {
-            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-                return false;
-            };
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.get(1) == Some(&&b"dump"[..])
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
-        })
-    };
-    while running() {
-        if std::time::Instant::now() > deadline {
-            tracing::warn!(
-                pid,
-                "a CRIU dump of this sandbox is still running; thawing anyway"
-            );
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

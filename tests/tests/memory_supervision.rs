@@ -37,7 +37,8 @@ fn belayerd_supervises_memory_servers() {
     std::fs::write(
         &config,
         format!(
-            "[[memory_server]]\nrole = \"kv\"\ndevice = \"host\"\nlayout = \"{}\"\nsocket = \"{}\"\n",
+            // The state dir is on ext4 here: no sandbox runs, so no disk limit is needed.
+            "default_disk_max_bytes = 0\n[[memory_server]]\nrole = \"kv\"\ndevice = \"host\"\nlayout = \"{}\"\nsocket = \"{}\"\n",
             layout.display(),
             kv_socket.display()
         ),

@@ -89,7 +89,12 @@ impl SmallFs {
 
     /// Fills the file system from the host until it refuses a byte.
     fn fill(&self) -> std::path::PathBuf {
-        let path = self.0.join("filler");
+        self.fill_as("filler")
+    }
+
+    /// [`Self::fill`] with a file named `name`.
+    fn fill_as(&self, name: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
         let mut f = std::fs::File::create(&path).unwrap();
         let chunk = vec![0xa5u8; 1 << 16];
         while f.write_all(&chunk).is_ok() {}
@@ -136,7 +141,9 @@ fn a_full_state_disk_fails_verbs_and_wedges_nothing() {
     assert_eq!(d.sh(&id, "cat /root/k"), "k1");
     assert_eq!(d.inspect(&id).ready_prefix, Some(1));
     // A fail-stop is seen although state.json cannot be written, and a restore that cannot
-    // write its instance fails cleanly, leaving the sandbox failed (not "restoring").
+    // write its instance fails cleanly, leaving the sandbox failed (not "restoring"). (The
+    // failed checkpoint gave its room back: fill again.)
+    let filler2 = fs.fill_as("filler-2");
     d.fail_stop(&id);
     match d.restore_raw(&id) {
         Response::Error(e) => println!("restore on a full disk: {:?}: {}", e.code, e.message),
@@ -146,6 +153,7 @@ fn a_full_state_disk_fails_verbs_and_wedges_nothing() {
     ping(&d);
     // With room again, everything that was safe is still there.
     std::fs::remove_file(filler).unwrap();
+    std::fs::remove_file(filler2).unwrap();
     let r = d.restore(&id);
     assert_eq!(r.prefix, Some(1));
     assert_eq!(r.context, b"k1".to_vec());

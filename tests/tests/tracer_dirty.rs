@@ -129,11 +129,12 @@ fn probe_image(d: &Daemon) {
     d.image("bbx", &rootfs);
 }
 
-/// Runs a probe step that the kernel (or a seccomp filter) may refuse with exit code 2; its
-/// dirtiness, `None` when refused.
+/// Runs a probe step that the kernel (or a seccomp filter) may refuse with exit code 2 (or
+/// kill with `SIGSYS`: the sandbox filter allows only native x86-64 syscalls); its dirtiness,
+/// `None` when refused.
 fn probe_step(d: &Daemon, id: &str, cmd: &str) -> Option<bool> {
     let r = d.exec(id, cmd);
-    if r.exit_code == 2 {
+    if r.exit_code == 2 || r.exit_code == 128 + libc::SIGSYS {
         eprintln!(
             "{cmd}: refused here ({}): skipped",
             String::from_utf8_lossy(&r.stderr).trim()

@@ -22,6 +22,7 @@ mod layout;
 mod limits;
 mod sandbox;
 mod sys;
+mod tree;
 
 #[cfg(test)]
 mod test_support;

@@ -1,0 +1,152 @@
+//! Adoption: after a (re)start, the sandboxes of the state dir are loaded again. Sandboxes
+//! outlive `belayerd`; a checkpoint interrupted by a crash is finished off (an orphaned CRIU
+//! dump told to abort, the cgroup thawed, unpublished checkpoints discarded), a dead init makes
+//! the sandbox failed, stale instances and removed sandboxes are deleted in the background,
+//! and user-namespace ranges and disk limits are taken up again.
+
+use std::fs;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Agent;
+use crate::cgroup::SandboxCgroup;
+use crate::sandbox::{self, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
+use crate::store::CheckpointStore;
+
+impl Agent {
+    /// Loads every sandbox of the state dir after a (re)start.
+    pub(super) fn adopt(&self) {
+        let dir = self.rt.config.state_dir.join("sandboxes");
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if id.starts_with(sandbox::remove::TRASH_PREFIX) {
+                // Removed, not yet deleted: finish in the background.
+                let path = e.path();
+                std::thread::spawn(move || sandbox::remove::delete_sandbox_dir(&path));
+                continue;
+            }
+            let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
+            let mut rec = match SandboxRecord::load(&paths) {
+                Ok(r) => r,
+                Err(err) => {
+                    tracing::warn!(sandbox = %id, error = %err, "skipping sandbox with unreadable state");
+                    continue;
+                }
+            };
+            if let Some(range) = rec.userns {
+                self.rt.userns.adopt(range);
+            }
+            // A crash between making an instance's volume and limiting it leaves no limit:
+            // set it again.
+            let inst = paths.instance(rec.instance);
+            if self.rt.quota.is_some() && crate::quota::is_volume(&inst) {
+                let limited =
+                    crate::quota::Volume::open(&inst).and_then(|v| v.set_limit(rec.spec.disk_max));
+                if let Err(err) = limited {
+                    tracing::warn!(sandbox = %id, error = %err, "cannot re-apply the disk limit");
+                }
+            }
+            // A checkpoint interrupted by a crash left no trace in the state file (that state
+            // is never written), but maybe a CRIU dump still running and a frozen cgroup: let
+            // the dump finish (it restores the freezer state it found when it exits), thaw,
+            // and discard any unpublished checkpoint (below).
+            if belayer_criu::abort_gated_dump(&paths.criu_work()) {
+                tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
+            }
+            if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+                if cg.is_frozen().unwrap_or(false) {
+                    if let Some(pid) = rec.init_pid {
+                        wait_for_orphaned_dump(pid, Duration::from_secs(30));
+                    }
+                    if let Err(err) = cg.thaw() {
+                        tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
+                    }
+                }
+            }
+            rec.state = match rec.state {
+                // Written by daemons that persisted transient states.
+                SandboxState::Checkpointing => SandboxState::Running,
+                SandboxState::Restoring => SandboxState::Failed,
+                s => s,
+            };
+            if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
+                match store.discard_unpublished() {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints")
+                    }
+                    Err(err) => {
+                        tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store")
+                    }
+                }
+            }
+            if rec.state == SandboxState::Running && !rec.init_alive() {
+                rec.state = SandboxState::Failed;
+            }
+            // Instances other than the current one are leftovers of a restore the previous
+            // daemon did not finish (or of an old instance it had not deleted yet).
+            let stale: Vec<u32> = fs::read_dir(&paths.dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name();
+                    name.to_str()?.strip_prefix("inst-")?.parse::<u32>().ok()
+                })
+                .filter(|n| *n != rec.instance)
+                .collect();
+            if !stale.is_empty() {
+                tracing::info!(sandbox = %id, ?stale, "removing stale instances");
+                let paths = paths.clone();
+                std::thread::spawn(move || {
+                    for n in stale {
+                        sandbox::restore::retire_instance(&paths, n);
+                    }
+                });
+            }
+            if let Err(err) = rec.save(&paths) {
+                tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
+            }
+            tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
+            if rec.state == SandboxState::Running {
+                self.rt.tracer.track(&rec);
+            }
+            self.registry()
+                .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
+        }
+    }
+}
+
+/// Waits (bounded) until no `criu dump --tree <pid>` process is left running.
+fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    let tree = pid.to_string();
+    let running = || {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return false;
+        };
+        entries.flatten().any(|e| {
+            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.get(1) == Some(&&b"dump"[..])
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
+        })
+    };
+    while running() {
+        if std::time::Instant::now() > deadline {
+            tracing::warn!(
+                pid,
+                "a CRIU dump of this sandbox is still running; thawing anyway"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
