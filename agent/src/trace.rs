@@ -202,7 +202,7 @@ impl SandboxTracer {
                 cgroup_id: c,
                 // The counters started at 0 when the cgroup was tracked.
                 fs_writes: counters.filter(|_| self.tracer.counts_files()).map(|_| 0),
-                pids: live_pids(cgroup),
+                pids: live_pids(cgroup, rec.init_pid),
                 upper: if self.tracer.counts_files() {
                     None
                 } else {
@@ -273,7 +273,7 @@ impl ActionProbe {
         };
         let after = tracer.tracer.counters(cg);
         let oom_after = tracer.tracer.oom_kills(cg);
-        let pids = live_pids(cgroup);
+        let pids = live_pids(cgroup, rec.init_pid);
         let init_alive = rec.init_alive();
         let oom = matches!((self.oom_kills, oom_after), (Some(b), Some(a)) if a > b);
         let infra_fault = if oom {
@@ -349,7 +349,10 @@ impl ActionProbe {
 
 /// The processes of the sandbox that are not dying: zombies and processes with a fatal signal
 /// pending (sent by the action, not yet acted upon) are left out, so a kill is seen at once.
-fn live_pids(cgroup: &SandboxCgroup) -> Vec<i32> {
+/// The init's own idle `sleep` (in the init's session, which no action joins: actions run in
+/// sessions of their own) is left out too: it is started just after the init and replaced
+/// every hour, and is not a change an action made.
+fn live_pids(cgroup: &SandboxCgroup, init: Option<i32>) -> Vec<i32> {
     let fatal: u64 = FATAL.iter().map(|s| 1u64 << (s - 1)).sum();
     let mut pids = cgroup.pids().unwrap_or_default();
     pids.retain(|pid| {
@@ -368,6 +371,12 @@ fn live_pids(cgroup: &SandboxCgroup) -> Vec<i32> {
                 .unwrap_or(0)
         };
         if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
+            return false;
+        }
+        let sid = field("NSsid:")
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<i32>().ok());
+        if init.is_some_and(|i| i != *pid && sid == Some(i)) {
             return false;
         }
         let pending = (mask("SigPnd:") | mask("ShdPnd:")) & fatal;

@@ -108,8 +108,8 @@ static __always_inline int inode_is_named(struct inode *inode, int dirs)
 }
 
 /* Mount namespace (inode number) of the agent, set by the loader; 0: unset. Files on its
- * mounts were handed in from outside the sandbox (CRIU's parasite, running in the sandbox's
- * tasks during a checkpoint, writes its log to one) and are not sandbox state. */
+ * mounts were handed in from outside the sandbox and are not sandbox state: CRIU's parasite,
+ * which runs in the sandbox's tasks during a checkpoint, writes its log to one. */
 const volatile __u64 host_mnt_ns = 0;
 
 static __always_inline int on_host_mount(struct file *f)
@@ -120,30 +120,34 @@ static __always_inline int on_host_mount(struct file *f)
 	return host_mnt_ns && BPF_CORE_READ(m, mnt_ns, ns.inum) == host_mnt_ns;
 }
 
-/* The open file behind descriptor fd of the current task, or NULL. */
-static __always_inline struct file *fd_file(long fd)
+/* The open file behind descriptor fd of task (the current one, a trusted BTF pointer: the
+ * walk to the descriptor array is plain loads), or NULL. */
+static __always_inline struct file *fd_file(struct task_struct *task, long fd)
 {
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	unsigned int max = BPF_CORE_READ(fdt, max_fds);
+	struct fdtable *fdt = task->files->fdt;
 	struct file **fda;
 	struct file *f = 0;
 
-	if (fd < 0 || fd >= max)
+	if (fd < 0 || fd >= fdt->max_fds)
 		return 0;
-	fda = BPF_CORE_READ(fdt, fd);
+	fda = fdt->fd;
 	if (bpf_probe_read_kernel(&f, sizeof(f), &fda[fd]))
 		return 0;
 	return f;
 }
 
-/* Whether descriptor fd refers to a sandbox file: a named regular file (or, with dirs, a
- * directory) not on one of the agent's own mounts. */
+/* Whether descriptor fd of the current task refers to a sandbox file: a named regular file
+ * (or, with dirs, a directory), not on one of the agent's own mounts. Only a ptraced task
+ * (CRIU seizes the tasks it dumps) pays for the mount check; elsewhere such a descriptor
+ * counts, which errs towards dirty. */
 static __always_inline int fd_is_sandbox_file(long fd, int dirs)
 {
-	struct file *f = fd_file(fd);
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct file *f = fd_file(task, fd);
 
-	return f && inode_is_named(BPF_CORE_READ(f, f_inode), dirs) && !on_host_mount(f);
+	if (!f || !inode_is_named(BPF_CORE_READ(f, f_inode), dirs))
+		return 0;
+	return !(task->ptrace && on_host_mount(f));
 }
 
 static __always_inline int fd_is_named_regular(long fd)
@@ -187,16 +191,19 @@ struct {
 	__type(value, __u64);
 } async_users SEC(".maps");
 
-static __always_inline void remember(__u32 what)
-{
-	__u64 tid = bpf_get_current_pid_tgid();
-
-	bpf_map_update_elem(&pending, &tid, &what, BPF_ANY);
-}
-
 static __always_inline void count_write(struct counters *c)
 {
 	__sync_fetch_and_add(&c->fs_writes, 1);
+}
+
+/* Defers the decision to sys_exit; counts at once when the map is full (threads blocked in
+ * remembered calls can fill it), so a full map never hides a change. */
+static __always_inline void remember(struct counters *c, __u32 what)
+{
+	__u64 tid = bpf_get_current_pid_tgid();
+
+	if (bpf_map_update_elem(&pending, &tid, &what, BPF_ANY))
+		count_write(c);
 }
 
 static __always_inline void note_async_user(struct counters *c)
@@ -240,7 +247,8 @@ static __always_inline void forget_async_user(__u32 tgid)
  * the end of each step, from /proc, see agent/src/trace/held.rs):
  *
  * "Named regular": a regular file with a link count > 0, not on a pseudo fs, and for
- * descriptors not on a mount of the agent's own mount namespace (host_mnt_ns).
+ * descriptors of a ptraced task not on a mount of the agent's own mount namespace
+ * (host_mnt_ns: CRIU's parasite logging to its host file).
  *
  *   path                                        rule
  *   write pwrite64 writev pwritev pwritev2      enter, fd is a named regular file
@@ -299,16 +307,22 @@ struct vma_walk {
 	int hit;    /* one was a shared mapping of a named regular file */
 };
 
+/* vma is a BTF pointer: plain loads (faults read as 0), no probe-read helper calls. */
 static long vma_visit(struct task_struct *task, struct vm_area_struct *vma, void *data)
 {
 	struct vma_walk *w = data;
+	struct inode *inode;
 	struct file *f;
 
-	w->next = BPF_CORE_READ(vma, vm_end);
-	if (!(BPF_CORE_READ(vma, vm_flags) & VM_MAYSHARE))
+	w->next = vma->vm_end;
+	if (!(vma->vm_flags & VM_MAYSHARE))
 		return 0;
-	f = BPF_CORE_READ(vma, vm_file);
-	if (f && inode_is_named(BPF_CORE_READ(f, f_inode), 0))
+	f = vma->vm_file;
+	if (!f)
+		return 0;
+	inode = f->f_inode;
+	if ((inode->i_mode & S_IFMT) == S_IFREG && inode->__i_nlink &&
+	    !pseudo_fs(inode->i_sb->s_magic))
 		w->hit = 1;
 	return 0;
 }
@@ -359,8 +373,9 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 
 	if (!c)
 		return 0;
+	/* A trusted BTF pointer: a plain load, no probe-read helper call. */
 	task = bpf_get_current_task_btf();
-	if ((id & X32_SYSCALL_BIT) || (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT)) {
+	if ((id & X32_SYSCALL_BIT) || (task->thread_info.status & TS_COMPAT)) {
 		count_write(c);
 		return 0;
 	}
@@ -412,18 +427,18 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		break;
 	case 49: /* bind(fd, addr, len) */
 		if (binds_path(BPF_CORE_READ(regs, si), BPF_CORE_READ(regs, dx)))
-			remember(PENDING_IF_OK);
+			remember(c, PENDING_IF_OK);
 		break;
 	case 2: /* open */
 		flags = BPF_CORE_READ(regs, si);
 		if (flags & (O_CREAT | O_TRUNC))
-			remember(PENDING_OPEN_FD);
+			remember(c, PENDING_OPEN_FD);
 		break;
 	case 257: /* openat */
 	case 304: /* open_by_handle_at(mount_fd, handle, flags) */
 		flags = BPF_CORE_READ(regs, dx);
 		if (flags & (O_CREAT | O_TRUNC))
-			remember(PENDING_OPEN_FD);
+			remember(c, PENDING_OPEN_FD);
 		break;
 	case 437: { /* openat2 */
 		__u64 how_flags = 0;
@@ -431,11 +446,11 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		if (bpf_probe_read_user(&how_flags, sizeof(how_flags),
 					(void *)BPF_CORE_READ(regs, dx)) ||
 		    (how_flags & (O_CREAT | O_TRUNC)))
-			remember(PENDING_OPEN_FD);
+			remember(c, PENDING_OPEN_FD);
 		break;
 	}
 	case 85: /* creat */
-		remember(PENDING_OPEN_FD);
+		remember(c, PENDING_OPEN_FD);
 		break;
 	case 87:  /* unlink */
 	case 263: /* unlinkat */
@@ -470,7 +485,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 466: /* removexattrat */
 	case 469: /* file_setattr */
 	case 163: /* acct: the kernel then writes a record at every exit */
-		remember(PENDING_IF_OK);
+		remember(c, PENDING_IF_OK);
 		break;
 	default:
 		break;

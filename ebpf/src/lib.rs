@@ -35,7 +35,10 @@
 //! SIGKILL of a sandbox init → fault delivered in ≈ 0.3–0.6 ms with BPF, ≈ 8–14 ms with the
 //! fallback; each syscall costs ≈ 0.85 µs more inside a tracked cgroup (≈ 0.4 µs elsewhere:
 //! the raw syscall tracepoints run for every task), which is < 1 % of an untar of a source tree
-//! (`belayer bench tracer`) but ≈ 80 % of a loop of 64-byte `write`s.
+//! (`belayer bench tracer`) but ≈ 80 % of a loop of 64-byte `write`s. BPF program time per
+//! syscall of a tracked task (`kernel.bpf_stats_enabled`, best of 5 runs of a static C loop,
+//! entry + exit): ≈ 130 + 145 ns for a syscall without a rule, ≈ 370 + 155 ns for a 64-byte
+//! `write` to a file, ≈ 435 + 150 ns for an `mprotect` adding `PROT_WRITE` (`bpf_find_vma`).
 //!
 //! Dependencies: `aya` loads the clang-built object, applies its CO-RE relocations, attaches the
 //! programs and reads the maps; it is pure Rust (no libbpf to link) and 0.14 is the newest

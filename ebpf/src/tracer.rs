@@ -252,10 +252,12 @@ impl TracerBuilder {
     }
 
     /// Files on the mounts of the mount namespace with this inode number (that of
-    /// `/proc/self/ns/mnt`: the agent's own) are not sandbox state: writes to them through
-    /// descriptors handed into a sandbox (CRIU's parasite writes its log to one while it runs
-    /// in the sandbox's tasks during a checkpoint) are not counted. Unset (0): every file
-    /// counts, as for processes that live in the agent's own mount namespace (tests).
+    /// `/proc/self/ns/mnt`: the agent's own) are not sandbox state: writes to them by a
+    /// ptraced task of a sandbox are not counted (CRIU seizes the tasks it dumps, and its
+    /// parasite writes its log to a host file while it runs in them). Tasks that are not
+    /// ptraced skip the check (it costs three probe reads; such writes then count, erring
+    /// towards dirty). Unset (0): every file counts, as for tests whose processes live in the
+    /// agent's own mount namespace.
     pub fn own_mount_ns(mut self, inode: u64) -> Self {
         self.own_mount_ns = inode;
         self

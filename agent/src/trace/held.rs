@@ -254,9 +254,17 @@ mod tests {
         assert_eq!(fields(b"garbage"), None);
     }
 
+    /// One test (not several running in parallel threads of this process), since a scan
+    /// reports the first writer of the process.
     #[test]
-    fn own_mappings_are_seen() {
+    fn writers_of_this_process_are_seen() {
         let me = std::process::id() as i32;
+        assert_eq!(scan(&[me]), None, "the test process holds nothing yet");
+        assert!(
+            scan(&[i32::MAX]).is_none(),
+            "a missing process holds nothing"
+        );
+
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m");
         std::fs::write(&path, [0u8; 4096]).unwrap();
@@ -265,30 +273,65 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        // SAFETY: a fresh shared mapping of a 4 KiB file we own; unmapped below, never
-        // dereferenced.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
+        let map = |prot| {
+            // SAFETY: a fresh shared mapping of a 4 KiB file we own; unmapped below, never
+            // dereferenced.
+            let addr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    prot,
+                    libc::MAP_SHARED,
+                    std::os::fd::AsRawFd::as_raw_fd(&file),
+                    0,
+                )
+            };
+            assert_ne!(addr, libc::MAP_FAILED);
+            let seen = scan(&[me]);
+            // SAFETY: the mapping made above, of that length.
+            unsafe { libc::munmap(addr, 4096) };
+            seen
         };
-        assert_ne!(addr, libc::MAP_FAILED);
-        let seen = scan(&[me]);
-        // SAFETY: the mapping made above, of that length.
-        unsafe { libc::munmap(addr, 4096) };
-        // The first one found: ours, unless the test process maps another file shared.
-        assert!(
-            matches!(seen, Some(Writer::FileMapping { pid, .. }) if pid == me),
-            "{seen:?}"
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        assert_eq!(
+            map(libc::PROT_READ | libc::PROT_WRITE),
+            Some(Writer::FileMapping {
+                pid: me,
+                inode: ino
+            })
         );
-        assert!(
-            scan(&[i32::MAX]).is_none(),
-            "a missing process holds nothing"
+        assert_eq!(map(libc::PROT_READ), None, "a read-only shared mapping");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(
+            map(libc::PROT_READ | libc::PROT_WRITE),
+            None,
+            "a mapping of an unlinked file is process memory"
         );
+
+        // io_uring_setup(4, params): 120 bytes of parameters, zeroed.
+        let mut params = [0u8; 120];
+        // SAFETY: io_uring_setup with a valid, writable parameter block of its size.
+        let ring = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4, params.as_mut_ptr()) };
+        if ring >= 0 {
+            assert_eq!(scan(&[me]), Some(Writer::IoUring { pid: me }));
+            // SAFETY: the descriptor io_uring_setup just returned, closed once.
+            unsafe { libc::close(ring as i32) };
+        } else {
+            eprintln!("io_uring refused here: {}", std::io::Error::last_os_error());
+        }
+
+        let mut ctx: libc::c_ulong = 0;
+        // SAFETY: io_setup with a valid out-pointer for the context.
+        if unsafe { libc::syscall(libc::SYS_io_setup, 8, &mut ctx) } == 0 {
+            assert_eq!(scan(&[me]), Some(Writer::Aio { pid: me }));
+            // SAFETY: the context io_setup just made, destroyed once.
+            unsafe { libc::syscall(libc::SYS_io_destroy, ctx) };
+        } else {
+            eprintln!(
+                "Linux AIO refused here: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        assert_eq!(scan(&[me]), None, "everything released");
     }
 }
