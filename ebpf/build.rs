@@ -1,4 +1,5 @@
-//! Builds the BPF programs of `bpf/` with clang into `$OUT_DIR/tracer.bpf.o`.
+//! Builds the BPF programs of `bpf/` with clang into `$OUT_DIR`: `tracer.bpf.o` (the sandbox
+//! tracer) and `devices.bpf.o` (the cgroup v2 device allow-list).
 //!
 //! `vmlinux.h` (the kernel's types, for CO-RE) is generated into `$OUT_DIR` from the running
 //! kernel's BTF with `bpftool btf dump file /sys/kernel/btf/vmlinux format c`; the relocations
@@ -13,8 +14,9 @@ use std::process::Command;
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
-    let src = Path::new("bpf/tracer.bpf.c");
-    println!("cargo:rerun-if-changed={}", src.display());
+    for src in SOURCES {
+        println!("cargo:rerun-if-changed=bpf/{src}.bpf.c");
+    }
     for var in [
         "BELAYER_CLANG",
         "BELAYER_BPFTOOL",
@@ -48,8 +50,22 @@ fn main() {
         Ok(other) => fail(&format!("unsupported target architecture {other} for BPF")),
         Err(_) => "x86",
     };
-    let object = out.join("tracer.bpf.o");
-    let status = Command::new(&clang)
+    for src in SOURCES {
+        compile(
+            &clang,
+            arch,
+            &include,
+            &Path::new("bpf").join(format!("{src}.bpf.c")),
+            &out.join(format!("{src}.bpf.o")),
+        );
+    }
+}
+
+/// The programs of `bpf/`: `bpf/<name>.bpf.c` is built into `$OUT_DIR/<name>.bpf.o`.
+const SOURCES: &[&str] = &["tracer", "devices"];
+
+fn compile(clang: &str, arch: &str, include: &Path, src: &Path, object: &Path) {
+    let status = Command::new(clang)
         .args([
             "-O2",
             "-g",
@@ -60,11 +76,11 @@ fn main() {
         ])
         .arg(format!("-D__TARGET_ARCH_{arch}"))
         .arg("-I")
-        .arg(&include)
+        .arg(include)
         .arg("-c")
         .arg(src)
         .arg("-o")
-        .arg(&object)
+        .arg(object)
         .status()
         .unwrap_or_else(|e| {
             fail(&format!(

@@ -63,6 +63,10 @@ pub struct Config {
     pub default_disk_max_bytes: u64,
     /// Do not load the BPF sandbox tracer; use the pidfd/cgroup fallback (`--no-bpf`).
     pub no_bpf: bool,
+    /// What enforces the sandboxes' device allow-list: `"auto"` (default: the v1 `devices`
+    /// controller where the node mounts it, else a BPF program on the v2 cgroup), `"v1"` or
+    /// `"bpf"`. A sandbox whose allow-list cannot be applied is not created.
+    pub device_filter: crate::cgroup::DeviceFilter,
     /// zstd level (1–19) for new upper-layer blobs; unset: stored uncompressed (restores
     /// copy them with `copy_file_range`). Compression runs after the sandbox is thawed.
     pub blob_zstd_level: Option<i32>,
@@ -129,6 +133,7 @@ impl Default for Config {
             default_pids_max: 4096,
             default_disk_max_bytes: DEFAULT_DISK_MAX_BYTES,
             no_bpf: false,
+            device_filter: crate::cgroup::DeviceFilter::Auto,
             blob_zstd_level: None,
             dump_stage_bytes: 8 << 30,
             default_memory_max_bytes: 8 << 30,

@@ -40,17 +40,25 @@
 //! entry + exit): ≈ 130 + 145 ns for a syscall without a rule, ≈ 370 + 155 ns for a 64-byte
 //! `write` to a file, ≈ 435 + 150 ns for an `mprotect` adding `PROT_WRITE` (`bpf_find_vma`).
 //!
+//! The crate also holds the device allow-list of sandbox cgroups on cgroup v2 ([`devices`]): a
+//! `BPF_PROG_TYPE_CGROUP_DEVICE` program (`bpf/devices.bpf.c`, Linux ≥ 4.15) allowing read and
+//! write of a list of character devices the caller gives, attached with a legacy
+//! `BPF_PROG_ATTACH` so that it outlives the agent.
+//!
 //! Dependencies: `aya` loads the clang-built object, applies its CO-RE relocations, attaches the
 //! programs and reads the maps; it is pure Rust (no libbpf to link) and 0.14 is the newest
 //! release that builds on the project's Rust 1.95. `libc` for `poll`, `pidfd_open` and
-//! `waitid`; `thiserror` and `tracing` as everywhere in the workspace.
+//! `waitid`, and `bpf(2)` for the cgroup attachment commands aya wraps only as bpf_links on
+//! current kernels; `thiserror` and `tracing` as everywhere in the workspace.
 #![warn(missing_docs)]
 
 mod bpf;
+pub mod devices;
 mod fallback;
 mod sys;
 mod tracer;
 
+pub use devices::{AttachMode, CharDevice, DeviceProgram, DeviceProgramError};
 pub use tracer::{
     cgroup_id, Counters, Fault, Target, TraceEvent, Tracer, TracerBuilder, TracerError, TracerKind,
 };

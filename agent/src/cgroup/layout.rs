@@ -87,7 +87,7 @@ impl CgroupLayout {
     /// Builds the layout from the text of a `mountinfo` file; `read_controllers` returns the
     /// `cgroup.controllers` of the v2 mount root (an unreadable file counts as no controllers).
     /// The first mount of each hierarchy wins.
-    fn from_mountinfo(
+    pub(super) fn from_mountinfo(
         text: &str,
         read_controllers: impl Fn(&Path) -> io::Result<String>,
     ) -> CgroupLayout {

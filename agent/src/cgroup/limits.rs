@@ -1,5 +1,5 @@
-//! What a sandbox cgroup enforces beyond membership: CPU bandwidth, the device allow-list,
-//! and the cpuset a v1 `cpuset` cgroup needs before it can hold a task.
+//! What a sandbox cgroup enforces beyond membership: CPU bandwidth and the cpuset a v1
+//! `cpuset` cgroup needs before it can hold a task (the device allow-list is in `devices.rs`).
 
 use std::path::Path;
 
@@ -30,28 +30,6 @@ impl CpuMax {
             period_us: Self::PERIOD_US,
         })
     }
-}
-
-/// Character devices a sandbox may use (major, minor, name): the nodes its private `/dev`
-/// binds from the host. Everything else, block devices included, is denied, also for
-/// `mknod`. This is the container default minus the terminal devices sandboxes do not have.
-pub const ALLOWED_DEVICES: &[(u32, u32, &str)] = &[
-    (1, 3, "null"),
-    (1, 5, "zero"),
-    (1, 7, "full"),
-    (1, 8, "random"),
-    (1, 9, "urandom"),
-    (5, 0, "tty"),
-];
-
-/// Writes the v1 device allow-list into the `devices` cgroup `dir`: deny all, then allow
-/// [`ALLOWED_DEVICES`] for read/write (no `mknod`).
-pub(super) fn apply_devices_v1(dir: &Path) -> Result<(), CgroupError> {
-    write_file(&dir.join("devices.deny"), "a")?;
-    for (major, minor, _) in ALLOWED_DEVICES {
-        write_file(&dir.join("devices.allow"), &format!("c {major}:{minor} rw"))?;
-    }
-    Ok(())
 }
 
 /// Applies `cpu` in the v2 dir (`cpu.max`) or the v1 `cpu` dir.

@@ -12,10 +12,15 @@
 //! it needs. v2 is preferred for everything; v1 is used for the limits v2 cannot enforce on this node
 //! and, when asked for (or when v2 is absent), for freezing.
 //!
+//! The device allow-list ([`ALLOWED_DEVICES`]) is the v1 `devices` controller where mounted, else
+//! a BPF device program on the v2 cgroup that outlives the daemon ([`DeviceFilter`],
+//! `devices.rs`).
+//!
 //! Freezing is what makes a checkpoint consistent (the state-agreement invariant of the design):
 //! [`SandboxCgroup::freeze`] returns only once every task is frozen and hands back a
 //! [`FrozenGuard`] that thaws on drop, so an error path never leaves a sandbox frozen.
 
+mod devices;
 mod freeze;
 mod kill;
 mod layout;
@@ -31,9 +36,10 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use devices::{DeviceFilter, ALLOWED_DEVICES};
 pub use freeze::FrozenGuard;
 pub use layout::{CgroupLayout, V1Hierarchy};
-pub use limits::{CpuMax, ALLOWED_DEVICES};
+pub use limits::CpuMax;
 pub use sandbox::{FreezerKind, KillMethod, Limits, SandboxCgroup};
 
 /// Errors of cgroup operations. Paths name the exact file or directory involved.
@@ -111,6 +117,22 @@ pub enum CgroupError {
     LimitUnsupported {
         /// `"memory"` or `"pids"`.
         controller: &'static str,
+    },
+    /// The device allow-list asked for has no mechanism on this node (no v1 `devices`
+    /// hierarchy for [`DeviceFilter::V1`], no cgroup2 for [`DeviceFilter::Bpf`]).
+    #[error("no hierarchy for the {filter:?} device allow-list is mounted")]
+    DeviceFilterUnavailable {
+        /// The filter asked for.
+        filter: DeviceFilter,
+    },
+    /// Loading, attaching or querying the BPF device allow-list of a v2 cgroup failed.
+    #[error("BPF device allow-list of cgroup {}", path.display())]
+    DeviceProgram {
+        /// The v2 cgroup directory.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: belayer_ebpf::DeviceProgramError,
     },
     /// The chosen freezer does not exist for this cgroup.
     #[error("{kind:?} freezer not available for cgroup {rel}")]

@@ -2,8 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::devices::{apply_devices_bpf, apply_devices_v1, DeviceFilter};
 use super::layout::{CgroupLayout, LIMIT_CONTROLLERS};
-use super::limits::{apply_cpu, apply_devices_v1, init_cpuset, CpuMax};
+use super::limits::{apply_cpu, init_cpuset, CpuMax};
 use super::sys::{read_u64, write_file};
 use super::tree::{
     collect_pids, enable_v2_controller, limit_for, make_leaf, mkdir_p, remove_tree, validate_rel,
@@ -19,9 +20,9 @@ pub struct Limits {
     pub pids_max: Option<u64>,
     /// CPU bandwidth (`cpu.max`, or v1 `cpu.cfs_quota_us`).
     pub cpu: Option<CpuMax>,
-    /// Restrict devices to [`super::limits::ALLOWED_DEVICES`] (the v1 `devices` controller,
-    /// where the node mounts it).
-    pub devices: bool,
+    /// Restrict devices to [`super::ALLOWED_DEVICES`] with this mechanism (`None`: no
+    /// allow-list).
+    pub devices: Option<DeviceFilter>,
 }
 
 /// Which freezer freezes a sandbox.
@@ -74,11 +75,14 @@ impl SandboxCgroup {
     ///
     /// Errors: [`CgroupError::InvalidPath`], [`CgroupError::AlreadyExists`] when the cgroup exists in
     /// the v2 hierarchy (in the first v1 one without v2; use [`Self::open`] to adopt it),
-    /// [`CgroupError::LimitUnsupported`] when a limit has no controller, I/O errors naming the file.
-    /// On error, the directories made so far are removed again.
+    /// [`CgroupError::LimitUnsupported`] when a limit has no controller,
+    /// [`CgroupError::DeviceFilterUnavailable`] / [`CgroupError::DeviceProgram`] when the device
+    /// allow-list cannot be applied, I/O errors naming the file. On error, the directories made
+    /// so far are removed again (which also releases an attached device program).
     pub fn create(rel: &str, limits: &Limits) -> Result<SandboxCgroup, CgroupError> {
         let rel_path = validate_rel(rel)?;
         let layout = CgroupLayout::detect()?;
+        let devices = limits.devices.map(|f| f.resolve(layout)).transpose()?;
 
         let v2 = match layout.v2_mount() {
             Some(root) => {
@@ -99,13 +103,14 @@ impl SandboxCgroup {
             freezer: FreezerKind::V2,
             kill: KillMethod::CgroupKill,
         };
-        match cg.finish_create(layout, &rel_path, limits) {
+        match cg.finish_create(layout, &rel_path, limits, devices) {
             Ok(()) => {
                 tracing::debug!(
                     cgroup = %cg.rel,
                     layout = %layout.describe(),
                     memory_max = ?limits.memory_max,
                     pids_max = ?limits.pids_max,
+                    ?devices,
                     "sandbox cgroup created"
                 );
                 Ok(cg)
@@ -122,7 +127,14 @@ impl SandboxCgroup {
         layout: &CgroupLayout,
         rel_path: &Path,
         limits: &Limits,
+        devices: Option<DeviceFilter>,
     ) -> Result<(), CgroupError> {
+        if devices == Some(DeviceFilter::Bpf) {
+            // resolve() saw cgroup2 mounted, so the v2 leaf exists.
+            if let Some(leaf) = &self.v2 {
+                apply_devices_bpf(leaf)?;
+            }
+        }
         // Which controllers v2 can carry for this cgroup.
         let mut v2_ok = [false; LIMIT_CONTROLLERS.len()];
         if let (Some(root), Some(leaf)) = (layout.v2_mount(), &self.v2) {
@@ -185,7 +197,7 @@ impl SandboxCgroup {
             if h.has("cpuset") {
                 init_cpuset(&h.mount, rel_path)?;
             }
-            if h.has("devices") && limits.devices {
+            if h.has("devices") && devices == Some(DeviceFilter::V1) {
                 apply_devices_v1(&dir)?;
             }
             if h.has("cpu") {

@@ -57,6 +57,17 @@ impl Agent {
                 tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
             }
             if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+                // The BPF allow-list stays attached across restarts; put it back if host root
+                // took it away.
+                match cg.ensure_device_filter(self.rt.config.device_filter) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        tracing::warn!(sandbox = %id, "device allow-list was missing; attached again")
+                    }
+                    Err(err) => {
+                        tracing::error!(sandbox = %id, error = %err, "cannot check the device allow-list")
+                    }
+                }
                 if cg.is_frozen().unwrap_or(false) {
                     if let Some(pid) = rec.init_pid {
                         wait_for_orphaned_dump(pid, Duration::from_secs(30));

@@ -95,6 +95,15 @@ impl Agent {
             }
         }
         CgroupLayout::detect()?;
+        // Sandboxes are refused while their device allow-list cannot be applied; the daemon
+        // still starts, to adopt and serve the sandboxes it has.
+        match config.device_filter.prepare() {
+            Ok(filter) => tracing::info!(?filter, "sandbox device allow-list"),
+            Err(err) => tracing::error!(
+                error = %err,
+                "no sandbox device allow-list on this node: sandbox creation will fail"
+            ),
+        }
         sys::set_child_subreaper()?;
         make_empty_dir().map_err(|source| StartError::StateDir {
             path: crate::helper::mount::EMPTY_DIR.into(),

@@ -232,7 +232,7 @@ impl Instance {
         lower: &Path,
     ) -> Result<Instance, CreateError> {
         let mut instance = Self::mount_only(rt, rec, paths, n, lower)?;
-        instance.create_cgroup(rec)?;
+        instance.create_cgroup(rt, rec)?;
         Ok(instance)
     }
 
@@ -287,9 +287,18 @@ impl Instance {
         })
     }
 
-    /// Creates the instance's cgroup with the record's limits.
-    pub(crate) fn create_cgroup(&mut self, rec: &SandboxRecord) -> Result<(), CreateError> {
-        self.cgroup = Some(SandboxCgroup::create(&rec.cgroup, &rec.limits())?);
+    /// Creates the instance's cgroup with the record's limits and the daemon's device
+    /// allow-list (`device_filter`). Shared by creation and restore: a restored instance gets a
+    /// fresh cgroup with the same allow-list. An allow-list that cannot be applied fails
+    /// ([`CgroupError::DeviceFilterUnavailable`], [`CgroupError::DeviceProgram`]): no sandbox
+    /// runs without it.
+    pub(crate) fn create_cgroup(
+        &mut self,
+        rt: &Runtime,
+        rec: &SandboxRecord,
+    ) -> Result<(), CreateError> {
+        let limits = rec.limits(rt.config.device_filter);
+        self.cgroup = Some(SandboxCgroup::create(&rec.cgroup, &limits)?);
         Ok(())
     }
 

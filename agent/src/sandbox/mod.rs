@@ -29,7 +29,7 @@ use belayer_overlay::layer::LayerManifest;
 use serde::{Deserialize, Serialize};
 pub use state::SandboxState;
 
-use crate::cgroup::{CpuMax, Limits, SandboxCgroup};
+use crate::cgroup::{CpuMax, DeviceFilter, Limits, SandboxCgroup};
 use crate::sys;
 use crate::userns::IdRange;
 
@@ -238,13 +238,13 @@ impl SandboxRecord {
     }
 
     /// Cgroup limits from the spec (defaults were filled in at creation). The device
-    /// allow-list is always on.
-    pub fn limits(&self) -> Limits {
+    /// allow-list is always on, enforced by `devices` (the daemon's `device_filter`).
+    pub fn limits(&self, devices: DeviceFilter) -> Limits {
         Limits {
             memory_max: self.spec.memory_max,
             pids_max: self.spec.pids_max,
             cpu: self.spec.cpus.and_then(CpuMax::from_cpus),
-            devices: true,
+            devices: Some(devices),
         }
     }
 

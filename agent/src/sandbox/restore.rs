@@ -286,7 +286,7 @@ pub fn restore(
         source,
     })?;
     t.teardown = ms(t_down);
-    instance.create_cgroup(&snapshot)?;
+    instance.create_cgroup(rt, &snapshot)?;
 
     // 5. Processes.
     slot.set_layer_base(base);
