@@ -112,10 +112,14 @@ impl IdPool {
 
 /// The ranges of a pool handed out to sandboxes of this daemon (reserved at creation, kept
 /// across restores, released at removal, re-learned from the records at adoption).
+///
+/// It also keeps one [`UserNamespace`] per range handed out ([`Self::namespace`]): every
+/// mount of that sandbox's image is idmapped with it, so a restore makes no namespace.
 #[derive(Debug)]
 pub struct RangeAllocator {
     pool: IdPool,
     used: std::sync::Mutex<Vec<IdRange>>,
+    namespaces: std::sync::Mutex<std::collections::HashMap<IdRange, std::sync::Arc<UserNamespace>>>,
 }
 
 impl RangeAllocator {
@@ -124,6 +128,7 @@ impl RangeAllocator {
         RangeAllocator {
             pool,
             used: std::sync::Mutex::new(Vec::new()),
+            namespaces: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -150,6 +155,22 @@ impl RangeAllocator {
     /// Hands a range back (its sandbox was removed, or never came up).
     pub fn release(&self, range: IdRange) {
         self.used().retain(|r| *r != range);
+        self.namespaces
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&range);
+    }
+
+    /// A user namespace with the map of `range`, made once and kept until the range is
+    /// released. Errors: those of [`UserNamespace::new`].
+    pub fn namespace(&self, range: IdRange) -> Result<std::sync::Arc<UserNamespace>, UsernsError> {
+        let mut namespaces = self.namespaces.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ns) = namespaces.get(&range) {
+            return Ok(ns.clone());
+        }
+        let ns = std::sync::Arc::new(UserNamespace::new(range)?);
+        namespaces.insert(range, ns.clone());
+        Ok(ns)
     }
 }
 

@@ -721,6 +721,7 @@ mod tests {
                     teardown: 1.0,
                     verify: 2.0,
                     fs_install: 3.0,
+                    mount: 0.5,
                     criu_restore: 4.0,
                     total: 10.0,
                 },

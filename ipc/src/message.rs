@@ -431,6 +431,9 @@ pub struct RestoreTimings {
     pub verify: f64,
     /// Installing the captured upper layer into a fresh upper directory.
     pub fs_install: f64,
+    /// Mounting the fresh root (a user namespace for the idmap, the idmapped image, the
+    /// overlay) and checking every path of the CRIU images beneath it.
+    pub mount: f64,
     /// CRIU restore of the process tree.
     pub criu_restore: f64,
     /// The whole request.

@@ -216,7 +216,7 @@ pub(crate) struct Instance {
     cgroup: Option<SandboxCgroup>,
     /// A user namespace with the sandbox's map: the idmap of the lower layer, and the
     /// namespace the init enters (a restore lets CRIU make its own from the images).
-    userns: Option<crate::userns::UserNamespace>,
+    userns: Option<std::sync::Arc<crate::userns::UserNamespace>>,
     n: u32,
 }
 
@@ -246,7 +246,6 @@ impl Instance {
         n: u32,
         lower: &Path,
     ) -> Result<Instance, CreateError> {
-        let _ = rt;
         let upper = paths.upper(n);
         // Fresh: missing or empty (a restore without checkpoint makes an empty one); an
         // installed layer brings its own root owner and `/dev`.
@@ -259,7 +258,7 @@ impl Instance {
         }
         let userns = rec
             .userns
-            .map(crate::userns::UserNamespace::new)
+            .map(|range| rt.userns.namespace(range))
             .transpose()?;
         if fresh_upper {
             // The root of the merged tree is the upper dir: it must belong to the sandbox's
@@ -273,7 +272,7 @@ impl Instance {
                 })?;
         }
         let opts = MountOptions {
-            idmap: userns.as_ref().map(std::os::fd::AsFd::as_fd),
+            idmap: userns.as_deref().map(std::os::fd::AsFd::as_fd),
             nodev: true,
             nosuid: true,
         };
@@ -330,7 +329,7 @@ impl Instance {
                 "host"
             });
         if let Some(ns) = &self.userns {
-            let fd = std::os::fd::AsFd::as_fd(ns).as_raw_fd();
+            let fd = std::os::fd::AsFd::as_fd(ns.as_ref()).as_raw_fd();
             // SAFETY: the closure runs in the forked child before exec and only calls dup2
             // (async-signal-safe); `fd` stays open in the parent until spawn returns.
             unsafe {

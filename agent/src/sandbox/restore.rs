@@ -251,6 +251,7 @@ pub fn restore(
     // 3. The fresh root, and every path R_k's restore will touch checked against it (no
     //    sandbox process exists there yet, so nothing can change it before CRIU runs), while
     //    the old instance still stands: a refused checkpoint costs it nothing.
+    let t_mount = Instant::now();
     let mut snapshot = rec.clone();
     snapshot.instance = n;
     let mut instance = Instance::mount_only(rt, &snapshot, &slot.paths, n, &lower)
@@ -275,6 +276,8 @@ pub fn restore(
             }));
         }
     }
+
+    t.mount = ms(t_mount);
 
     // 4. Tear down the failed instance (untraced: these kills are the agent's own).
     slot.set_transient(SandboxState::Restoring);
