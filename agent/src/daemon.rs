@@ -355,6 +355,11 @@ impl Agent {
             },
             Request::RemoveImage { name } => self.remove_image(caller, &name),
             Request::CreateSandbox(spec) => {
+                if let Err(e) = access::check_spec(caller, &spec) {
+                    tracing::warn!(uid = caller.cred.uid, pid = caller.cred.pid, error = %e,
+                                   "refused a sandbox spec");
+                    return error(e.code(), &e);
+                }
                 match sandbox::create::create(&self.rt, spec, caller.cred.uid) {
                     Ok(slot) => {
                         let slot = Arc::new(slot);

@@ -415,3 +415,100 @@ fn seccomp_refuses_host_reaching_calls_before_and_after_a_restore() {
         "Seccomp:\t2"
     );
 }
+
+/// Runs `cmd` with a timeout of `timeout_ms` and returns the result and how long it took.
+fn timed_exec(d: &Daemon, id: &str, cmd: &str, timeout_ms: u64) -> (Response, Duration) {
+    let started = Instant::now();
+    let r = d.call(Request::Exec(belayer_ipc::ExecRequest {
+        id: id.into(),
+        argv: vec![cmd.into()],
+        timeout_ms: Some(timeout_ms),
+        ..Default::default()
+    }));
+    (r, started.elapsed())
+}
+
+#[test]
+fn a_fifo_planted_as_dev_null_wedges_no_action() {
+    // The exec child opens the sandbox's /dev/null as the sandbox's root, before the timeout
+    // ran: a fifo there used to block it (and the sandbox's verb lock) forever.
+    let d = Daemon::start();
+    d.image("busybox", &busybox_rootfs());
+    let id = d.create("busybox").id;
+    d.sh(
+        &id,
+        "mv /dev /dev.old && mkdir /dev && mkfifo /dev/null && ls -l /dev/null",
+    );
+    for _ in 0..2 {
+        let (r, took) = timed_exec(&d, &id, "cat; echo stdin-closed", 2000);
+        println!("{took:?}: {r:?}");
+        match r {
+            Response::Exec(r) => {
+                assert_eq!(String::from_utf8_lossy(&r.stdout), "stdin-closed\n");
+                assert!(!r.timed_out);
+            }
+            r => panic!("action after a planted fifo: {r:?}"),
+        }
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
+    // A regular file or a link there is not the null device either; the sandbox can repair
+    // its /dev and its checkpoints and restores still work.
+    d.sh(&id, "rm /dev/null; ln -s /etc/passwd /dev/null");
+    assert_eq!(d.sh(&id, "wc -c < /proc/self/fd/0"), "0");
+    d.sh(&id, "rm -r /dev; mv /dev.old /dev");
+    assert_eq!(d.sh(&id, "readlink /proc/self/fd/0"), "/dev/null");
+    d.checkpoint(&id, 1, b"k1");
+    d.restore(&id);
+    assert_eq!(d.sh(&id, "echo alive"), "alive");
+}
+
+#[test]
+fn stopping_the_action_before_it_executes_cannot_stop_the_timeout() {
+    // Once the exec child is the sandbox's root it can be stopped by the sandbox before it
+    // executes the action; the clock must run from the fork. A watcher stops every helper it
+    // sees (a race it may or may not win): every action must still answer in time.
+    let d = Daemon::start();
+    d.image("py", &python_rootfs());
+    let id = d.create("py").id;
+    let watcher = r#"
+import os, signal
+while True:
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) != os.getpid():
+            try:
+                if b"__belayer-helper" in open("/proc/%s/cmdline" % p, "rb").read():
+                    os.kill(int(p), signal.SIGSTOP)
+            except OSError:
+                pass
+"#;
+    d.sh(
+        &id,
+        &format!(
+            "echo '{}' > /w.py; nohup python3 /w.py >/dev/null 2>&1 &",
+            watcher.replace('\'', "\"")
+        ),
+    );
+    for i in 0..10 {
+        let (r, took) = timed_exec(&d, &id, "true", 1500);
+        println!("{i}: {took:?}: {r:?}");
+        assert!(
+            took < Duration::from_millis(1500) + Duration::from_secs(4),
+            "took {took:?}"
+        );
+        match r {
+            // Killed from inside the sandbox's cgroup, as any timed-out action: not an
+            // infrastructure fault, the sandbox keeps running.
+            Response::Exec(r) => assert!(
+                r.infra_fault.is_none(),
+                "{r:?}\n{}",
+                d.log_text()
+                    .lines()
+                    .filter(|l| l.contains("fault") || l.contains("WARN"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ),
+            r => panic!("{r:?}"),
+        }
+    }
+    d.assert_alive("after stopped helpers");
+}

@@ -6,7 +6,7 @@
 
 use belayer_ipc::{
     CheckpointRequest, ErrorCode, Event, ExecRequest, MaybeCheckpointRequest, Request, Response,
-    SandboxSpec,
+    SandboxSpec, UsernsMode,
 };
 use belayer_tests::peer::{error_of, response, run_as, run_as_with, Op, Outcome};
 use belayer_tests::{busybox_rootfs, Daemon, Identity};
@@ -178,4 +178,49 @@ fn a_group_member_sees_and_acts_only_on_its_own_sandboxes() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn only_root_may_ask_for_the_host_user_namespace() {
+    // Sandbox root in the host's user namespace is host uid 0: a group member asking for it
+    // would run processes with more rights than its own.
+    let d = Daemon::start_with_socket_gid(SOCKET_GID);
+    d.image("busybox", &busybox_rootfs());
+    let spec = |userns| {
+        Request::CreateSandbox(SandboxSpec {
+            image: "busybox".into(),
+            userns,
+            ..Default::default()
+        })
+    };
+    let results = run_as(
+        &d,
+        &peer(&[SOCKET_GID]),
+        &[
+            Op::Call(spec(Some(UsernsMode::Host))),
+            Op::Call(spec(Some(UsernsMode::Private))),
+            Op::Call(Request::ListSandboxes),
+        ],
+    );
+    let (code, message) = error_of(&results[0]);
+    assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
+    let own = match response(&results[1]) {
+        Response::Sandbox(s) => s,
+        other => panic!("a private sandbox is the peer's to make: {other:?}"),
+    };
+    assert_eq!(
+        own.userns.as_ref().map(|u| u.mode.as_str()),
+        Some("private")
+    );
+    match response(&results[2]) {
+        Response::Sandboxes(v) => assert_eq!(v.len(), 1, "{v:?}"),
+        other => panic!("{other:?}"),
+    }
+    // Root keeps the explicit opt-in.
+    let host = d.create_spec(SandboxSpec {
+        image: "busybox".into(),
+        userns: Some(UsernsMode::Host),
+        ..Default::default()
+    });
+    assert_eq!(host.userns.map(|u| u.mode), Some("host".to_string()));
 }

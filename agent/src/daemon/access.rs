@@ -12,7 +12,8 @@
 //! Paths the daemon would open itself are root-only: `ImportImage` without a descriptor is
 //! refused for anyone else, who passes the source as a descriptor opened with its own
 //! rights; a directory is then read with the peer's uid, gid and supplementary groups (see
-//! [`crate::images::import`]), which needs the groups from `SO_PEERGROUPS`.
+//! [`crate::images::import`]), which needs the groups from `SO_PEERGROUPS`. Likewise a
+//! sandbox in the host's user namespace (its root is host root) is root-only ([`check_spec`]).
 
 use std::sync::Arc;
 
@@ -71,6 +72,20 @@ pub fn credentials(caller: &Caller) -> Result<Credentials, AccessError> {
     }
 }
 
+/// Checks a sandbox spec from `caller`: only root may ask for the host's user namespace
+/// (`UsernsMode::Host`), whose sandbox root is host root. A spec that leaves the mode open gets
+/// the daemon's configured default, whoever asks (the operator's choice).
+///
+/// Errors: [`AccessError::HostUsernsNeedsRoot`].
+pub fn check_spec(caller: &Caller, spec: &belayer_ipc::SandboxSpec) -> Result<(), AccessError> {
+    if !caller.is_root() && spec.userns == Some(belayer_ipc::UsernsMode::Host) {
+        return Err(AccessError::HostUsernsNeedsRoot {
+            uid: caller.cred.uid,
+        });
+    }
+    Ok(())
+}
+
 /// Why a request is refused for who sent it (or for what it carries).
 #[derive(Debug, thiserror::Error)]
 pub enum AccessError {
@@ -81,6 +96,13 @@ pub enum AccessError {
          libbelayer and the Python package do)"
     )]
     HostPathNeedsRoot {
+        /// The peer's uid.
+        uid: u32,
+    },
+    /// A non-root peer asked for a sandbox in the host's user namespace (sandbox root as host
+    /// root): that runs processes with more rights than the peer's own.
+    #[error("uid {uid} may not create a sandbox in the host's user namespace (its root is host root; root only)")]
+    HostUsernsNeedsRoot {
         /// The peer's uid.
         uid: u32,
     },

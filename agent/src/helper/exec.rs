@@ -6,7 +6,8 @@
 //! namespaces and forks. The child joins the cgroup, its cgroup namespace and its user
 //! namespace (becoming the sandbox's root, unless the sandbox runs with `--userns=host`),
 //! leads a new session (so a timeout can kill the action's whole process group), takes stdin
-//! from the sandbox's own `/dev/null`, keeps the stdout/stderr memfds the agent gave it,
+//! from the sandbox's own `/dev/null` (if it is still the null device, else an empty pipe:
+//! [`sandbox_stdin`]), keeps the stdout/stderr memfds the agent gave it,
 //! drops to the container capability set with `no_new_privs`, and executes the sandbox's
 //! `/bin/sh -c CMD` opened beneath the sandbox root ([`super::finish`]). Background processes
 //! it starts are re-parented to the sandbox init when the shell exits and keep running.
@@ -15,7 +16,10 @@
 //!
 //! The waiting parent stays outside the sandbox's cgroup and user namespace, so a sandbox
 //! that stops or freezes itself cannot stop the clock: on timeout it kills the action's
-//! process group and answers within [`KILL_GRACE`] even if the group does not die.
+//! process group and answers within [`KILL_GRACE`] even if the group does not die. The clock
+//! starts at the fork, not at the `execve`: once the child is the sandbox's root, the sandbox
+//! can stop it (`SIGSTOP`) before it executes the action, and that must not hold the helper
+//! (and the sandbox's verb lock) past the timeout either.
 //!
 //! The result goes to the status fd as one line: `exit=<code> signal=<n|-> timed_out=<0|1>`.
 
@@ -23,7 +27,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{kill, Signal};
@@ -195,24 +199,54 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         }
         ForkResult::Parent { child } => {
             drop(report_wr);
-            let mut report = fs::File::from(report_rd);
-            let mut ns_pid = [0u8; 4];
-            let got_pid = std::io::Read::read_exact(&mut report, &mut ns_pid).is_ok();
-            let mut failure = String::new();
-            let _ = std::io::Read::read_to_string(&mut report, &mut failure);
-            if !failure.is_empty() || !got_pid {
+            // The clock runs from the fork: between joining the sandbox's user namespace and
+            // its `execve` the child can be stopped by the sandbox (it is the sandbox's root by
+            // then) or held in an open of a sandbox file, and must not hold the helper past
+            // the timeout.
+            let deadline = timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+            let report = match read_report(&report_rd, deadline)? {
+                Report::Closed(bytes) => bytes,
+                Report::Late(bytes) => {
+                    // Not started within the timeout: kill it by its pid inside the sandbox
+                    // from inside the cgroup, as a timed-out action, and answer as a timeout.
+                    // (It reports that pid first thing, while it is still host root, so the
+                    // sandbox cannot keep it from doing so.)
+                    match Report::ns_pid(&bytes) {
+                        Some(ns_pid) => Killer {
+                            cgroup_procs: &entry.cgroup_procs,
+                            ns_pid,
+                        }
+                        .kill(),
+                        None => {
+                            let _ = kill(child, Signal::SIGKILL);
+                        }
+                    }
+                    let pidfd = sys::pidfd_open(child.as_raw())?;
+                    if sys::pidfd_wait(pidfd.as_fd(), Some(KILL_GRACE.as_millis() as u64))? {
+                        let _ = waitpid(child, Some(WaitPidFlag::__WALL));
+                    }
+                    return Ok("exit=137 signal=9 timed_out=1\n".to_string());
+                }
+            };
+            let failure = report.get(4..).unwrap_or_default();
+            let (Some(ns_pid), true) = (Report::ns_pid(&report), failure.is_empty()) else {
                 let _ = waitpid(child, Some(WaitPidFlag::__WALL));
                 return Err(ExecHelperError::Start(if failure.is_empty() {
                     "the action process exited before it started".into()
                 } else {
-                    failure
+                    String::from_utf8_lossy(failure).into_owned()
                 }));
-            }
+            };
             let killer = Killer {
                 cgroup_procs: &entry.cgroup_procs,
-                ns_pid: i32::from_ne_bytes(ns_pid),
+                ns_pid,
             };
-            wait_action(child, timeout_ms, &killer)
+            let left = deadline.map(|d| {
+                d.saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .max(1) as u64
+            });
+            wait_action(child, left, &killer)
         }
     }
 }
@@ -227,6 +261,13 @@ fn action(
     env: &[CString],
 ) -> SyscallError {
     let mut run = || -> Result<std::convert::Infallible, SyscallError> {
+        // Our pid in the sandbox's pid namespace (the fork made it there), reported before
+        // anything of the sandbox can reach this process: once it is the sandbox's root, the
+        // sandbox may stop it, and a timeout must still be able to kill it from inside.
+        let pid = nix::unistd::getpid();
+        report
+            .write_all(&pid.as_raw().to_ne_bytes())
+            .map_err(|e| SyscallError::io("write", "exec report", e))?;
         for fd in &entry.cgroup_procs {
             rustix::io::write(fd, b"0")
                 .map_err(|e| SyscallError::io("write", "cgroup.procs", e.into()))?;
@@ -236,12 +277,9 @@ fn action(
         if let Some(userns) = &entry.userns {
             super::init::enter_userns(userns.as_fd())?;
         }
-        let sid = setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
-        report
-            .write_all(&sid.as_raw().to_ne_bytes())
-            .map_err(|e| SyscallError::io("write", "exec report", e))?;
-        let null =
-            fs::File::open("/dev/null").map_err(|e| SyscallError::io("open", "/dev/null", e))?;
+        // The new session and process group are numbered after us: `pid` (reported above).
+        setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
+        let null = sandbox_stdin()?;
         // SAFETY: dup2 onto stdin; `null` stays open during the call.
         if unsafe { libc::dup2(null.as_raw_fd(), 0) } < 0 {
             return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
@@ -265,6 +303,73 @@ fn action(
     match run() {
         Err(e) => e,
         Ok(never) => match never {},
+    }
+}
+
+/// What the child reported on its pipe: its pid inside the sandbox (4 bytes), then why it
+/// could not start the action, if it could not.
+enum Report {
+    /// The pipe closed (the child executed the action or exited): everything it wrote.
+    Closed(Vec<u8>),
+    /// The deadline passed first: what had arrived by then.
+    Late(Vec<u8>),
+}
+
+impl Report {
+    /// The child's pid inside the sandbox, once reported.
+    fn ns_pid(bytes: &[u8]) -> Option<i32> {
+        bytes
+            .get(..4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(i32::from_ne_bytes)
+    }
+}
+
+/// Reads the child's report until the pipe closes or until `deadline` (`None`: no deadline).
+fn read_report(report: &OwnedFd, deadline: Option<Instant>) -> Result<Report, ExecHelperError> {
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 512];
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64);
+        if left == Some(0) || !sys::pidfd_wait(report.as_fd(), left)? {
+            return Ok(Report::Late(out));
+        }
+        match rustix::io::read(report, &mut chunk) {
+            Ok(0) => return Ok(Report::Closed(out)),
+            Ok(n) => out.extend_from_slice(&chunk[..n]),
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+            Err(e) => return Err(SyscallError::io("read", "exec report", e.into()).into()),
+        }
+    }
+}
+
+/// The action's stdin: the sandbox's `/dev/null`, opened without blocking and only if it is
+/// the null device; otherwise (the sandbox renamed its `/dev` and put a fifo, whose open would
+/// block until a writer comes, a file, a link or nothing there) the read end of an empty pipe
+/// whose write end is closed, which reads as end of file just the same. The sandbox keeps
+/// running actions (and can repair its `/dev`).
+fn sandbox_stdin() -> Result<OwnedFd, SyscallError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let null = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open("/dev/null")
+        .ok()
+        .filter(|f| {
+            f.metadata()
+                .is_ok_and(|m| m.file_type().is_char_device() && m.rdev() == libc::makedev(1, 3))
+        });
+    match null {
+        Some(null) => {
+            rustix::fs::fcntl_setfl(&null, rustix::fs::OFlags::empty())
+                .map_err(|e| SyscallError::io("fcntl(F_SETFL)", "/dev/null", e.into()))?;
+            Ok(null.into())
+        }
+        None => {
+            let (rd, _wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+                .map_err(|e| SyscallError::io("pipe2", "empty stdin", e.into()))?;
+            Ok(rd)
+        }
     }
 }
 
