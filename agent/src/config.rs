@@ -79,6 +79,8 @@ pub struct Config {
     pub default_memory_max_bytes: u64,
     /// CPU bandwidth (in CPUs) of sandboxes whose spec sets none; 0 = unlimited.
     pub default_cpus: f64,
+    /// Sandboxes one non-root socket peer may hold at once (root is not limited).
+    pub max_sandboxes_per_uid: usize,
     /// User namespace of sandboxes whose spec sets none: `"private"` (each sandbox in its own
     /// user namespace, root inside an unprivileged host uid) or `"host"` (explicit opt-in to
     /// run sandbox root as host root).
@@ -138,6 +140,7 @@ impl Default for Config {
             dump_stage_bytes: 8 << 30,
             default_memory_max_bytes: 8 << 30,
             default_cpus: 4.0,
+            max_sandboxes_per_uid: 256,
             userns: "private".to_string(),
             userns_host_base: 1 << 30,
             userns_size: 65536,

@@ -355,7 +355,15 @@ impl Agent {
             },
             Request::RemoveImage { name } => self.remove_image(caller, &name),
             Request::CreateSandbox(spec) => {
-                if let Err(e) = access::check_spec(caller, &spec) {
+                let held = self
+                    .registry()
+                    .values()
+                    .filter(|s| s.record().owner_uid == caller.cred.uid)
+                    .count();
+                let checked = access::check_spec(caller, &spec)
+                    .and_then(|()| access::check_limits(caller, &spec, &self.rt.config, held))
+                    .and_then(|()| self.check_image_use(caller, &spec.image));
+                if let Err(e) = checked {
                     tracing::warn!(uid = caller.cred.uid, pid = caller.cred.pid, error = %e,
                                    "refused a sandbox spec");
                     return error(e.code(), &e);

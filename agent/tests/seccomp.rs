@@ -223,6 +223,30 @@ fn socket_families_other_than_unix_inet_netlink_are_refused() {
         args(&[libc::AF_INET as u64, libc::SOCK_STREAM as u64]),
     );
     assert!(got.ret >= 0, "AF_INET stream: {got:?}");
+    // Netlink: routing, socket diagnostics and audit only; never the host's device events.
+    for (protocol, allowed) in [
+        (libc::NETLINK_ROUTE, true),
+        (libc::NETLINK_SOCK_DIAG, true),
+        (libc::NETLINK_AUDIT, true),
+        (libc::NETLINK_KOBJECT_UEVENT, false),
+        (libc::NETLINK_GENERIC, false),
+        (libc::NETLINK_NETFILTER, false),
+    ] {
+        let got = probe(
+            Some(&f),
+            libc::SYS_socket,
+            args(&[
+                libc::AF_NETLINK as u64,
+                libc::SOCK_RAW as u64,
+                protocol as u64,
+            ]),
+        );
+        assert_eq!(
+            !got.refused_with(libc::EPERM),
+            allowed,
+            "netlink protocol {protocol}: {got:?}"
+        );
+    }
 }
 
 #[test]

@@ -283,6 +283,29 @@ fn devices_are_an_allow_list() {
         d.sh(&id, "echo ok > /dev/null && head -c 4 /dev/zero | wc -c"),
         "4"
     );
+    // The device nodes are the host's inodes, bound read-only: usable, but their times,
+    // modes and owners are not the sandbox's to change.
+    for probe in [
+        "touch /dev/null",
+        "chmod 666 /dev/zero",
+        "chown 5 /dev/urandom",
+    ] {
+        let r = d.exec(&id, probe);
+        assert_ne!(r.exit_code, 0, "{probe} succeeded");
+        assert!(
+            String::from_utf8_lossy(&r.stderr).contains("Read-only file system"),
+            "{probe}: {:?}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+    }
+    // The rest of /dev is the sandbox's own.
+    assert_eq!(
+        d.sh(
+            &id,
+            "mkdir -p /dev/shm/x && echo y > /dev/shm/x/f && cat /dev/shm/x/f"
+        ),
+        "y"
+    );
 }
 
 #[test]

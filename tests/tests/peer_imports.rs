@@ -487,3 +487,62 @@ fn descriptors_only_ride_on_the_request_that_takes_one() {
         Response::Pong { .. }
     ));
 }
+
+#[test]
+fn an_image_a_peer_imported_serves_only_that_peer() {
+    // Image names are the importer's to choose: a peer's image must not stand in for one that
+    // root or another peer expects under that name.
+    let d = Daemon::start_with_socket_gid(SOCKET_GID);
+    let fx = fixtures();
+    let tree = readable_busybox(fx.path(), "own");
+    std::fs::write(tree.join("marker"), "peer-made").unwrap();
+    let create = |name: &str| {
+        Op::Call(Request::CreateSandbox(belayer_ipc::SandboxSpec {
+            image: name.into(),
+            ..Default::default()
+        }))
+    };
+    let results = run_as(
+        &d,
+        &peer(&[SOCKET_GID]),
+        &[fd_import("python", &tree), create("python")],
+    );
+    match response(&results[0]) {
+        Response::Image(info) => assert_eq!(info.owner_uid, NOBODY),
+        other => panic!("{other:?}"),
+    }
+    let own = match response(&results[1]) {
+        Response::Sandbox(s) => s,
+        other => panic!("the importer uses its own image: {other:?}"),
+    };
+    assert_eq!(d.sh(&own.id, "cat /marker"), "peer-made");
+
+    let other = Identity {
+        uid: NOBODY - 1,
+        gid: NOBODY - 1,
+        groups: vec![SOCKET_GID],
+    };
+    let results = run_as(&d, &other, &[create("python")]);
+    let (code, message) = error_of(&results[0]);
+    assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
+    assert!(message.contains("imported by uid 65534"), "{message}");
+
+    match d.call(Request::CreateSandbox(belayer_ipc::SandboxSpec {
+        image: "python".into(),
+        ..Default::default()
+    })) {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::PermissionDenied, "{}", e.message);
+            assert!(
+                e.message.contains("only root's images are shared"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("root got a sandbox of a peer's image: {other:?}"),
+    }
+    // Root's own images serve everyone.
+    d.image("busybox", &busybox_rootfs());
+    let results = run_as(&d, &other, &[create("busybox")]);
+    assert!(matches!(response(&results[0]), Response::Sandbox(_)));
+}

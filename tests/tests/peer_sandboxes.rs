@@ -9,7 +9,7 @@ use belayer_ipc::{
     SandboxSpec, UsernsMode,
 };
 use belayer_tests::peer::{error_of, response, run_as, run_as_with, Op, Outcome};
-use belayer_tests::{busybox_rootfs, Daemon, Identity};
+use belayer_tests::{busybox_rootfs, Daemon, DaemonOptions, Identity};
 
 const NOBODY: u32 = 65534;
 /// Group allowed on the daemon socket.
@@ -223,4 +223,68 @@ fn only_root_may_ask_for_the_host_user_namespace() {
         ..Default::default()
     });
     assert_eq!(host.userns.map(|u| u.mode), Some("host".to_string()));
+}
+
+#[test]
+fn a_group_member_gets_at_most_the_defaults_and_a_bounded_number_of_sandboxes() {
+    // The operator's defaults are the ceilings of non-root peers: a peer cannot hand its
+    // sandboxes more memory, tasks, CPU or disk, nor hold more than max_sandboxes_per_uid.
+    let d = Daemon::start_options(DaemonOptions {
+        socket_gid: Some(SOCKET_GID),
+        config: "default_memory_max_bytes = 268435456\ndefault_pids_max = 256\n\
+                 default_cpus = 1.0\ndefault_disk_max_bytes = 1073741824\n\
+                 max_sandboxes_per_uid = 2\n"
+            .into(),
+        ..DaemonOptions::default()
+    });
+    d.image("busybox", &busybox_rootfs());
+    let spec = |f: &dyn Fn(&mut SandboxSpec)| {
+        let mut s = SandboxSpec {
+            image: "busybox".into(),
+            ..Default::default()
+        };
+        f(&mut s);
+        Op::Call(Request::CreateSandbox(s))
+    };
+    let results = run_as(
+        &d,
+        &peer(&[SOCKET_GID]),
+        &[
+            spec(&|s| s.memory_max = Some(512 << 20)),
+            spec(&|s| s.pids_max = Some(100_000)),
+            spec(&|s| s.cpus = Some(2.0)),
+            spec(&|s| s.disk_max = Some(2 << 30)),
+            spec(&|s| s.memory_max = Some(128 << 20)),
+            spec(&|_| ()),
+            spec(&|_| ()),
+        ],
+    );
+    for (i, limit) in ["memory_max", "pids_max", "cpus", "disk_max"]
+        .iter()
+        .enumerate()
+    {
+        let (code, message) = error_of(&results[i]);
+        assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
+        assert!(
+            message.contains(limit) && message.contains("ceiling"),
+            "{message}"
+        );
+    }
+    for r in &results[4..6] {
+        assert!(matches!(response(r), Response::Sandbox(_)), "{r:?}");
+    }
+    let (code, message) = error_of(&results[6]);
+    assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
+    assert!(message.contains("already holds 2 sandboxes"), "{message}");
+    // Nothing was made by the refused requests; root is not limited.
+    match d.call(Request::ListSandboxes) {
+        Response::Sandboxes(v) => assert_eq!(v.len(), 2, "{v:?}"),
+        other => panic!("{other:?}"),
+    }
+    let big = d.create_spec(SandboxSpec {
+        image: "busybox".into(),
+        memory_max: Some(512 << 20),
+        ..Default::default()
+    });
+    assert_eq!(d.sh(&big.id, "echo ok"), "ok");
 }

@@ -66,6 +66,58 @@ fn the_disk_quota_stops_a_sandbox_and_nobody_else() {
     }
 }
 
+#[test]
+fn restores_do_not_grant_the_disk_limit_again() {
+    // Restored files share the checkpoint's extents: without accounting for them, a sandbox
+    // that gets itself restored (by crashing) would get its whole limit again each time.
+    let d = Daemon::start();
+    d.image("busybox", &busybox_rootfs());
+    let id = d
+        .create_spec(SandboxSpec {
+            image: "busybox".into(),
+            disk_max: Some(64 << 20),
+            ..Default::default()
+        })
+        .id;
+    let written = |name: &str| -> u64 {
+        d.exec(
+            &id,
+            &format!("dd if=/dev/urandom of=/{name} bs=1M count=40 2>/dev/null; sync"),
+        );
+        d.sh(&id, &format!("stat -c %s /{name} 2>/dev/null || echo 0"))
+            .parse()
+            .unwrap()
+    };
+    let du = || -> u64 {
+        d.sh(&id, "du -sk -x / 2>/dev/null | cut -f1")
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    let image = du();
+    assert_eq!(written("a"), 40 << 20);
+    for round in 1..=3u64 {
+        d.checkpoint(&id, round, b"k");
+        d.fail_stop(&id);
+        assert_eq!(d.restore(&id).prefix, Some(round));
+        let more = written(&format!("more{round}"));
+        let total = du() - image;
+        println!("round {round}: wrote {more} more bytes, sandbox holds {total} bytes");
+        assert!(
+            more < 40 << 20,
+            "round {round}: a restore granted the limit again"
+        );
+        assert!(
+            total <= 65 << 20,
+            "round {round}: {total} bytes under a 64 MiB limit"
+        );
+        d.sh(&id, &format!("rm -f /more{round}"));
+    }
+    // The restored data is still there and readable.
+    assert_eq!(d.sh(&id, "stat -c %s /a"), (40u64 << 20).to_string());
+    ping(&d);
+}
+
 /// A tmpfs of `bytes` mounted at `dir` (removed on drop).
 struct SmallFs(std::path::PathBuf);
 

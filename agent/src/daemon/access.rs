@@ -86,6 +86,61 @@ pub fn check_spec(caller: &Caller, spec: &belayer_ipc::SandboxSpec) -> Result<()
     Ok(())
 }
 
+/// What a non-root peer's sandboxes may ask for: the daemon's defaults are their ceilings
+/// (a peer cannot give itself more memory, tasks, CPU or disk than the operator configured
+/// for every sandbox), and each uid holds at most `max_sandboxes_per_uid` sandboxes. Root is
+/// not limited. Errors: [`AccessError::OverLimit`], [`AccessError::TooManySandboxes`].
+pub fn check_limits(
+    caller: &Caller,
+    spec: &belayer_ipc::SandboxSpec,
+    config: &crate::config::Config,
+    held: usize,
+) -> Result<(), AccessError> {
+    if caller.is_root() {
+        return Ok(());
+    }
+    let uid = caller.cred.uid;
+    let over = |limit: &'static str, asked: f64, max: f64| {
+        (max > 0.0 && asked > max).then_some(AccessError::OverLimit {
+            uid,
+            limit,
+            asked,
+            max,
+        })
+    };
+    let checks = [
+        spec.memory_max.and_then(|m| {
+            over(
+                "memory_max",
+                m as f64,
+                config.default_memory_max_bytes as f64,
+            )
+        }),
+        spec.pids_max
+            .and_then(|p| over("pids_max", p as f64, config.default_pids_max as f64)),
+        spec.cpus.and_then(|c| over("cpus", c, config.default_cpus)),
+        spec.disk_max
+            .and_then(|d| over("disk_max", d as f64, config.default_disk_max_bytes as f64)),
+    ];
+    if let Some(e) = checks.into_iter().flatten().next() {
+        return Err(e);
+    }
+    if held >= config.max_sandboxes_per_uid {
+        return Err(AccessError::TooManySandboxes {
+            uid,
+            max: config.max_sandboxes_per_uid,
+        });
+    }
+    Ok(())
+}
+
+/// Whether `caller` may create a sandbox from an image owned by `image_owner`: images of
+/// root are shared; an image another peer imported serves only that peer (its name is
+/// theirs to choose, so it must not stand in for an image someone else expects).
+pub fn may_use_image(caller: &Caller, image_owner: u32) -> bool {
+    image_owner == 0 || image_owner == caller.cred.uid
+}
+
 /// Why a request is refused for who sent it (or for what it carries).
 #[derive(Debug, thiserror::Error)]
 pub enum AccessError {
@@ -121,6 +176,34 @@ pub enum AccessError {
         owner: u32,
         /// The peer's uid.
         uid: u32,
+    },
+    /// A non-root peer asked for more than the daemon's default for every sandbox.
+    #[error("uid {uid} may not ask for {limit} = {asked} (the ceiling for non-root clients is the daemon's default, {max})")]
+    OverLimit {
+        /// The peer's uid.
+        uid: u32,
+        /// Which limit.
+        limit: &'static str,
+        /// What was asked.
+        asked: f64,
+        /// The ceiling.
+        max: f64,
+    },
+    /// A non-root peer holds its maximum number of sandboxes.
+    #[error("uid {uid} already holds {max} sandboxes (max_sandboxes_per_uid)")]
+    TooManySandboxes {
+        /// The peer's uid.
+        uid: u32,
+        /// The maximum.
+        max: usize,
+    },
+    /// The image was imported by another (non-root) peer.
+    #[error("image {name} was imported by uid {owner}: only root's images are shared (import your own copy under another name)")]
+    ForeignImage {
+        /// Image name.
+        name: String,
+        /// Its owner.
+        owner: u32,
     },
     /// The request carries another number of descriptors than it takes.
     #[error("the request carries {got} descriptors, it takes {expected}")]

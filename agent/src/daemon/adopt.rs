@@ -40,11 +40,13 @@ impl Agent {
                 self.rt.userns.adopt(range);
             }
             // A crash between making an instance's volume and limiting it leaves no limit:
-            // set it again.
+            // set it again (a limit already there stays: a restore may have lowered it).
             let inst = paths.instance(rec.instance);
             if self.rt.quota.is_some() && crate::quota::is_volume(&inst) {
-                let limited =
-                    crate::quota::Volume::open(&inst).and_then(|v| v.set_limit(rec.spec.disk_max));
+                let limited = crate::quota::Volume::open(&inst).and_then(|v| match v.usage() {
+                    Ok(u) if u.limit.is_some() => Ok(()),
+                    _ => v.set_limit(rec.spec.disk_max),
+                });
                 if let Err(err) = limited {
                     tracing::warn!(sandbox = %id, error = %err, "cannot re-apply the disk limit");
                 }

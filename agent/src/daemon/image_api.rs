@@ -64,6 +64,20 @@ impl Agent {
         }
     }
 
+    /// Refuses a sandbox of `caller` on another peer's image ([`access::may_use_image`]). An
+    /// unknown image passes here and is reported by the creation itself.
+    pub(super) fn check_image_use(&self, caller: &Caller, name: &str) -> Result<(), AccessError> {
+        match self.rt.images.meta(name) {
+            Ok(meta) if !access::may_use_image(caller, meta.owner_uid) => {
+                Err(AccessError::ForeignImage {
+                    name: name.to_string(),
+                    owner: meta.owner_uid,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// `RemoveImage { name }`: only its owner or root, and only when no sandbox uses it.
     pub(super) fn remove_image(&self, caller: &Caller, name: &str) -> Response {
         let meta = match self.rt.images.meta(name) {

@@ -112,7 +112,7 @@ pub struct CapabilityError {
 }
 
 /// Restricts the calling process to [`SANDBOX_CAPABILITIES`]: bounding set first (needs
-/// `CAP_SETPCAP`, kept), then inheritable, permitted and effective; ambient cleared.
+/// `CAP_SETPCAP`, kept), then permitted and effective; inheritable and ambient cleared.
 pub(crate) fn drop_capabilities() -> Result<(), CapabilityError> {
     use caps::CapSet;
     let keep: caps::CapsHashSet = SANDBOX_CAPABILITIES.iter().copied().collect();
@@ -128,8 +128,15 @@ pub(crate) fn drop_capabilities() -> Result<(), CapabilityError> {
         set: "ambient",
         source,
     })?;
+    // Inheritable stays empty (runc since CVE-2022-24769): nothing the sandbox execs can
+    // gain a capability through file capabilities' inheritable bits.
+    caps::set(None, CapSet::Inheritable, &caps::CapsHashSet::new()).map_err(|source| {
+        CapabilityError {
+            set: "inheritable",
+            source,
+        }
+    })?;
     for (set, name) in [
-        (CapSet::Inheritable, "inheritable"),
         (CapSet::Effective, "effective"),
         (CapSet::Permitted, "permitted"),
     ] {

@@ -1,17 +1,19 @@
 //! The mount tree of a sandbox, built by its init in its fresh mount namespace.
 //!
 //! DESIGN.md invariant "Confinement": runc's masked and read-only paths, a private `/dev`,
-//! no host device reachable. Starting from a copy of the host's mount tree (which, in a mount
-//! namespace owned by the sandbox's user namespace, the kernel locks together: the sandbox can
-//! never unmount a mask to reveal what is under it):
+//! no host device reachable. Nothing in the sandbox can undo a mask: its processes hold no
+//! `CAP_SYS_ADMIN` (not even in the bounding set) and seccomp refuses every mount call
+//! (`mount`, `umount2`, `move_mount`, `open_tree`, `fsopen`, ... and namespace creation);
+//! the mounts copied from the host's tree are moreover locked by the kernel (a mount
+//! namespace owned by a less privileged user namespace). Starting from that copy:
 //! 1. make everything private, bind the overlay root onto itself (`pivot_root` needs a mount
 //!    that is not locked) and enter it;
 //! 2. mount a fresh `proc` (`nosuid,nodev,noexec`), then mask its host-revealing files with
 //!    the host's `/dev/null` ([`MASKED_FILES`]), cover its host-revealing directories with
-//!    empty read-only tmpfs ([`MASKED_DIRS`]), and make the host-settings trees read-only
-//!    ([`READ_ONLY`]);
+//!    the empty directory [`EMPTY_DIR`] bound read-only ([`MASKED_DIRS`]), and make the
+//!    host-settings trees read-only ([`READ_ONLY`]);
 //! 3. bind the host's harmless character devices ([`crate::cgroup::ALLOWED_DEVICES`]; a user
-//!    namespace cannot `mknod`) over their placeholders in the sandbox's own `/dev`, an opaque
+//!    namespace cannot `mknod`) read-only over their placeholders in the sandbox's own `/dev`, an opaque
 //!    directory of its upper layer made with the instance ([`dev_skeleton`]: placeholders, the
 //!    `/dev/fd`, `/dev/std*` links, `/dev/shm`);
 //! 4. `pivot_root` and detach the old root, so no host path remains reachable.
@@ -171,7 +173,7 @@ fn bind_read_only(source: &str, target: &str) -> Result<(), SyscallError> {
 }
 
 /// Binds the allowed host devices over their placeholders in the sandbox's `/dev` (made by
-/// [`dev_skeleton`]; each must be a plain file there, never a symlink).
+/// [`dev_skeleton`]; each must be a plain file there, never a symlink), read-only.
 fn build_dev() -> Result<(), SyscallError> {
     for (_, _, name) in crate::cgroup::ALLOWED_DEVICES {
         let node = format!("dev/{name}");
@@ -192,6 +194,20 @@ fn build_dev() -> Result<(), SyscallError> {
             NONE,
         )
         .map_err(|e| SyscallError::new("mount", format!("{host} bind"), e))?;
+        // The node is the host's inode: read-only, so its times, mode and owner are not the
+        // sandbox's to change (reads and writes of the device itself are unaffected).
+        mount(
+            NONE,
+            node.as_str(),
+            NONE,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NOEXEC,
+            NONE,
+        )
+        .map_err(|e| SyscallError::new("mount", format!("/{node} read-only"), e))?;
     }
     Ok(())
 }

@@ -243,10 +243,24 @@ fn allow_list_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, BackendError> {
         libc::SYS_personality,
         one_of(&mut profile::PERSONALITIES.iter().map(|&p| u64::from(p)))?,
     );
-    rules.insert(
-        libc::SYS_socket,
-        one_of(&mut profile::SOCKET_FAMILIES.iter().map(|&f| f as u64))?,
-    );
+    let mut socket = one_of(
+        &mut profile::SOCKET_FAMILIES
+            .iter()
+            .filter(|&&f| f != libc::AF_NETLINK)
+            .map(|&f| f as u64),
+    )?;
+    for &protocol in profile::NETLINK_PROTOCOLS {
+        socket.push(SeccompRule::new(vec![
+            arg0(SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?,
+            SeccompCondition::new(
+                2,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                protocol as u64,
+            )?,
+        ])?);
+    }
+    rules.insert(libc::SYS_socket, socket);
     rules.insert(
         libc::SYS_socketpair,
         one_of(&mut std::iter::once(profile::SOCKETPAIR_FAMILY as u64))?,

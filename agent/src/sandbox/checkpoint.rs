@@ -102,6 +102,16 @@ pub enum CheckpointError {
         #[source]
         source: belayer_criu::DumpError,
     },
+    /// The dump refers to paths a restore would have to refuse (e.g. through a symlink the
+    /// sandbox planted out of its root): not published.
+    #[error("checkpoint of sandbox {id} could not be restored, so it is not published")]
+    Unrestorable {
+        /// Sandbox id.
+        id: String,
+        /// Why.
+        #[source]
+        source: belayer_criu::UnsafeImagePath,
+    },
     /// Writing an artifact failed.
     #[error("cannot write checkpoint artifact {path}")]
     Write {
@@ -321,8 +331,17 @@ fn take(
     t.fs_capture = frozen.fs_ms;
     t.criu_dump = ms(frozen.dump_started);
     let (processes, pending) = (frozen.processes, frozen.pending);
+    // While the tree is still what was dumped: a checkpoint whose restore would be refused
+    // (a path of R_k through a symlink out of the sandbox) is not published, so the previous
+    // good one stays ready (about a millisecond).
+    let restorable =
+        super::restore::check_image_paths(&images_dir, &slot.paths.merged(rec.instance));
     drop(frozen.guard);
     t.frozen_total = ms(frozen.since);
+    restorable.map_err(|source| CheckpointError::Unrestorable {
+        id: id.clone(),
+        source,
+    })?;
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();

@@ -133,8 +133,15 @@ impl SandboxPaths {
 
 fn mark_failed(rec: &mut SandboxRecord, paths: &SandboxPaths) {
     rec.state = SandboxState::Failed;
-    if let Err(e) = rec.save(paths) {
-        tracing::error!(sandbox = %rec.id, error = %e, "cannot persist the failed state (adoption will find the dead init)");
+    match rec.save(paths) {
+        Ok(()) => {}
+        // Removed meanwhile (its dir renamed away): nothing to persist.
+        Err(RecordError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            tracing::debug!(sandbox = %rec.id, "sandbox removed; failed state not persisted")
+        }
+        Err(e) => {
+            tracing::error!(sandbox = %rec.id, error = %e, "cannot persist the failed state (adoption will find the dead init)")
+        }
     }
 }
 

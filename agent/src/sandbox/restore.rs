@@ -239,6 +239,10 @@ pub fn restore(
         }
         None => None,
     };
+    if let Some(m) = &manifest {
+        restored_layer_counts(rt, &rec, &slot.paths.instance(n), m.layer.data_bytes)
+            .map_err(|e| discard(CreateError::from(e).into()))?;
+    }
     let context = match &manifest {
         Some(m) => store.read_context(m)?,
         None => Vec::new(),
@@ -258,17 +262,7 @@ pub fn restore(
         .map_err(|e| discard(e.into()))?;
     if let Some(m) = &manifest {
         let images = store.path(&m.checkpoint).join("criu");
-        let host_binds = crate::helper::mount::host_binds();
-        let binds: Vec<belayer_criu::AllowedBind<'_>> = host_binds
-            .iter()
-            .map(|(host_path, dir)| belayer_criu::AllowedBind {
-                host_path,
-                dir: *dir,
-            })
-            .collect();
-        let checked =
-            belayer_criu::validate_restore_paths_allowing(&images, &slot.paths.merged(n), &binds);
-        if let Err(source) = checked {
+        if let Err(source) = check_image_paths(&images, &slot.paths.merged(n)) {
             drop(instance);
             return Err(discard(RestoreError::UnsafeImages {
                 id: id.clone(),
@@ -392,6 +386,47 @@ pub fn restore(
         timings_ms: t,
         validity,
     })
+}
+
+/// Checks every path the restore of the CRIU images in `images` would touch beneath `root`,
+/// allowing the sandbox's own binds of host paths ([`crate::helper::mount::host_binds`]).
+pub(crate) fn check_image_paths(
+    images: &std::path::Path,
+    root: &std::path::Path,
+) -> Result<belayer_criu::ImagePathReport, belayer_criu::UnsafeImagePath> {
+    let host_binds = crate::helper::mount::host_binds();
+    let binds: Vec<belayer_criu::AllowedBind<'_>> = host_binds
+        .iter()
+        .map(|(host_path, dir)| belayer_criu::AllowedBind {
+            host_path,
+            dir: *dir,
+        })
+        .collect();
+    belayer_criu::validate_restore_paths_allowing(images, root, &binds)
+}
+
+/// The restored layer counts against the sandbox's disk limit. Uncompressed blobs are
+/// materialized as reflinks, which simple quotas charge to whoever wrote the data first (the
+/// blob store), not to the new instance: without this, each restore would hand the sandbox
+/// its whole limit again on top of what it had. So the instance's limit becomes the
+/// sandbox's minus the restored data (at least 1 MiB, so the sandbox can still write its
+/// logs). Compressed blobs are written out decompressed and charged to the instance already.
+fn restored_layer_counts(
+    rt: &Runtime,
+    rec: &super::SandboxRecord,
+    inst: &std::path::Path,
+    data_bytes: u64,
+) -> Result<(), crate::quota::QuotaError> {
+    let (Some(_), Some(limit)) = (&rt.quota, rec.spec.disk_max) else {
+        return Ok(());
+    };
+    if rt.config.blob_zstd_level.is_some() || !crate::quota::is_volume(inst) {
+        return Ok(());
+    }
+    let left = limit
+        .saturating_sub(data_bytes)
+        .max(crate::quota::MIN_DISK_LIMIT);
+    crate::quota::Volume::open(inst)?.set_limit(Some(left))
 }
 
 /// Leaves a sandbox `failed` (not `restoring`) when a restore gives up after it tore the old

@@ -213,6 +213,17 @@ pub const PERSONALITIES: &[u32] = &[0, 0x0008, 0x0002_0000, 0x0002_0008, 0xffff_
 /// call triggers. `io_uring` (which could create sockets without this check) is refused.
 pub const SOCKET_FAMILIES: &[i32] = &[AF_UNIX, AF_INET, AF_INET6, AF_NETLINK];
 
+/// Netlink protocols an `AF_NETLINK` socket may speak: routing (`getifaddrs`, `ip`), socket
+/// diagnostics (`ss`) and audit (which PAM and login tools open; the kernel refuses audit
+/// messages from a user namespace). Refused: `NETLINK_KOBJECT_UEVENT`, whose broadcast of the
+/// host's device events reaches the sandbox's network namespace (it belongs to the host's
+/// user namespace), generic netlink and the rest.
+pub const NETLINK_PROTOCOLS: &[i32] = &[
+    libc::NETLINK_ROUTE,
+    libc::NETLINK_SOCK_DIAG,
+    libc::NETLINK_AUDIT,
+];
+
 /// Address family `socketpair(2)` may use (Docker: any; only `AF_UNIX` pairs are useful, and a
 /// family check here keeps `socketpair` from autoloading protocol modules too).
 pub const SOCKETPAIR_FAMILY: i32 = AF_UNIX;
