@@ -23,6 +23,7 @@ use crate::sys;
 
 pub mod access;
 mod adopt;
+mod create_api;
 mod image_api;
 pub mod rollout_api;
 mod start;
@@ -51,6 +52,8 @@ pub struct Agent {
     policies: Policies,
     /// Context log per trajectory (`Request::ContextAppend`/`ContextLookup`).
     contexts: ContextLogs,
+    /// Creations in flight (counted against per-uid caps, holding their image).
+    creating: create_api::Creating,
     /// `(sandbox, instance)` pairs already announced as failed.
     failed_seen: Mutex<std::collections::HashSet<(String, u32)>>,
 }
@@ -354,30 +357,7 @@ impl Agent {
                 Err(e) => error(ErrorCode::Internal, &e),
             },
             Request::RemoveImage { name } => self.remove_image(caller, &name),
-            Request::CreateSandbox(spec) => {
-                let held = self
-                    .registry()
-                    .values()
-                    .filter(|s| s.record().owner_uid == caller.cred.uid)
-                    .count();
-                let checked = access::check_spec(caller, &spec)
-                    .and_then(|()| access::check_limits(caller, &spec, &self.rt.config, held))
-                    .and_then(|()| self.check_image_use(caller, &spec.image));
-                if let Err(e) = checked {
-                    tracing::warn!(uid = caller.cred.uid, pid = caller.cred.pid, error = %e,
-                                   "refused a sandbox spec");
-                    return error(e.code(), &e);
-                }
-                match sandbox::create::create(&self.rt, spec, caller.cred.uid) {
-                    Ok(slot) => {
-                        let slot = Arc::new(slot);
-                        let info = Self::info(&slot);
-                        self.registry().insert(info.id.clone(), slot);
-                        Response::Sandbox(info)
-                    }
-                    Err(e) => error(e.code(), &e),
-                }
-            }
+            Request::CreateSandbox(spec) => self.create_sandbox(caller, spec),
             Request::ListSandboxes => {
                 let slots = self.slots_for(caller);
                 let mut v: Vec<SandboxInfo> = slots.iter().map(|s| Self::info(s)).collect();

@@ -55,6 +55,10 @@ pub struct InstallStats {
     pub entries: u64,
     /// Bytes of regular-file content written.
     pub content_bytes: u64,
+    /// Of those, bytes placed with `copy_file_range` from a blob or an archive: on btrfs the
+    /// extents are shared with the source, and a simple quota (which charges whoever
+    /// allocated an extent) does not charge them to the target's volume.
+    pub shared_bytes: u64,
 }
 
 /// Why [`install_upper`] failed. `path` fields name the archive member (relative to the

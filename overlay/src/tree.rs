@@ -394,7 +394,8 @@ impl<'a> Installer<'a> {
     }
 
     /// Writes the content of a new regular file of `size` bytes; returns the data bytes
-    /// written (holes are left as holes).
+    /// written (holes are left as holes) and, of those, the bytes placed with
+    /// `copy_file_range` (extents possibly shared with the source).
     fn fill(
         &mut self,
         fd: BorrowedFd<'_>,
@@ -402,10 +403,10 @@ impl<'a> Installer<'a> {
         size: u64,
         data: &RegularData,
         reader: Option<&mut dyn Read>,
-    ) -> Result<u64, InstallError> {
+    ) -> Result<(u64, u64), InstallError> {
         match (data, &self.content) {
             (RegularData::Stream, ContentSource::Stream) => match reader {
-                Some(reader) => self.fill_from_stream(fd, raw, size, reader),
+                Some(reader) => self.fill_from_stream(fd, raw, size, reader).map(|n| (n, 0)),
                 None => Err(InstallError::UnsupportedEntry {
                     path: path_of(raw),
                     kind: '0',
@@ -413,7 +414,7 @@ impl<'a> Installer<'a> {
             },
             (RegularData::Archive { offset }, ContentSource::Archive(archive)) => {
                 if size == 0 {
-                    return Ok(0);
+                    return Ok((0, 0));
                 }
                 let copied =
                     sys::copy_range(archive.as_fd(), *offset, fd, 0, size).map_err(|source| {
@@ -429,7 +430,7 @@ impl<'a> Installer<'a> {
                         copied,
                     });
                 }
-                Ok(size)
+                Ok((size, size))
             }
             (RegularData::Blob { blob, extents }, ContentSource::Blobs { store, verify }) => {
                 let covered = extents.last().map_or(0, |e| e.offset + e.len);
@@ -451,7 +452,7 @@ impl<'a> Installer<'a> {
                                 source,
                             })
                     }
-                    None => Ok(0),
+                    None => Ok((0, 0)),
                 }
             }
             _ => Err(InstallError::UnsupportedEntry {
@@ -641,8 +642,9 @@ impl<'a> Installer<'a> {
                 let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))
                     .call("openat")
                     .map_err(create_err)?;
-                let written = self.fill(fd.as_fd(), raw, *size, data, reader)?;
+                let (written, shared) = self.fill(fd.as_fd(), raw, *size, data, reader)?;
                 self.stats.content_bytes += written;
+                self.stats.shared_bytes += shared;
                 set_owner_and_xattrs_fd(fd.as_fd(), &member, &member.xattrs).map_err(meta_err)?;
                 rustix::fs::fchmod(&fd, Mode::from_raw_mode(member.mode))
                     .call("fchmod")

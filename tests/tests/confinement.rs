@@ -253,6 +253,14 @@ fn kernel_interfaces_of_the_host_are_masked_or_read_only() {
     ] {
         assert_ne!(d.exec(&id, write).exit_code, 0, "{write} succeeded");
     }
+    // The masks are the host's /dev/null bound read-only: the sandbox cannot touch its times.
+    let host_null = std::fs::metadata("/dev/null").unwrap().modified().unwrap();
+    let r = d.exec(&id, "touch /proc/kcore /proc/keys");
+    assert_ne!(r.exit_code, 0, "touch of a mask succeeded");
+    assert_eq!(
+        std::fs::metadata("/dev/null").unwrap().modified().unwrap(),
+        host_null
+    );
     // The masks are part of what a checkpoint captures and a restore rebuilds.
     let mounts = d.sh(&id, "wc -l < /proc/self/mounts");
     d.checkpoint(&id, 1, b"k1");
@@ -260,6 +268,7 @@ fn kernel_interfaces_of_the_host_are_masked_or_read_only() {
     d.restore(&id);
     assert_eq!(d.sh(&id, "wc -l < /proc/self/mounts"), mounts);
     assert_eq!(d.sh(&id, "cat /proc/keys | wc -c"), "0");
+    assert_ne!(d.exec(&id, "touch /proc/kcore /dev/null").exit_code, 0);
 }
 
 #[test]

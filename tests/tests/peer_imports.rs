@@ -541,6 +541,24 @@ fn an_image_a_peer_imported_serves_only_that_peer() {
         }
         other => panic!("root got a sandbox of a peer's image: {other:?}"),
     }
+    // A restore checks again that the image under that name still serves the sandbox's
+    // owner (here its metadata is rewritten to name another owner).
+    let meta_path = d.state_dir.join("images/python/image.json");
+    let meta = std::fs::read_to_string(&meta_path).unwrap();
+    let mut forged: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(forged["owner_uid"], NOBODY, "{meta}");
+    forged["owner_uid"] = serde_json::json!(NOBODY - 1);
+    std::fs::write(&meta_path, serde_json::to_vec_pretty(&forged).unwrap()).unwrap();
+    d.fail_stop(&own.id);
+    match d.restore_raw(&own.id) {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::PermissionDenied, "{}", e.message);
+            assert!(e.message.contains("belongs to uid 65533"), "{}", e.message);
+        }
+        other => panic!("restored onto another peer's image: {other:?}"),
+    }
+    std::fs::write(&meta_path, meta).unwrap();
+    d.restore(&own.id);
     // Root's own images serve everyone.
     d.image("busybox", &busybox_rootfs());
     let results = run_as(&d, &other, &[create("busybox")]);

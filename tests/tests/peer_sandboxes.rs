@@ -276,6 +276,28 @@ fn a_group_member_gets_at_most_the_defaults_and_a_bounded_number_of_sandboxes() 
     let (code, message) = error_of(&results[6]);
     assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
     assert!(message.contains("already holds 2 sandboxes"), "{message}");
+    // Creations in flight count: parallel requests cannot overshoot the cap either.
+    let _ = d.call(Request::RemoveSandbox {
+        id: match response(&results[5]) {
+            Response::Sandbox(s) => s.id.clone(),
+            other => panic!("{other:?}"),
+        },
+    });
+    let who = peer(&[SOCKET_GID]);
+    let made = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| scope.spawn(|| run_as(&d, &who, &[spec(&|_| ())])))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|r| matches!(response(&r[0]), Response::Sandbox(_)))
+            .count()
+    });
+    assert_eq!(
+        made, 1,
+        "parallel creations went past max_sandboxes_per_uid"
+    );
     // Nothing was made by the refused requests; root is not limited.
     match d.call(Request::ListSandboxes) {
         Response::Sandboxes(v) => assert_eq!(v.len(), 2, "{v:?}"),

@@ -134,13 +134,6 @@ pub fn check_limits(
     Ok(())
 }
 
-/// Whether `caller` may create a sandbox from an image owned by `image_owner`: images of
-/// root are shared; an image another peer imported serves only that peer (its name is
-/// theirs to choose, so it must not stand in for an image someone else expects).
-pub fn may_use_image(caller: &Caller, image_owner: u32) -> bool {
-    image_owner == 0 || image_owner == caller.cred.uid
-}
-
 /// Why a request is refused for who sent it (or for what it carries).
 #[derive(Debug, thiserror::Error)]
 pub enum AccessError {
@@ -204,6 +197,12 @@ pub enum AccessError {
         name: String,
         /// Its owner.
         owner: u32,
+    },
+    /// The image's metadata (its owner) cannot be read: only root may use it.
+    #[error("the owner of image {name} cannot be read: only root may use it")]
+    ImageOwnerUnknown {
+        /// Image name.
+        name: String,
     },
     /// The request carries another number of descriptors than it takes.
     #[error("the request carries {got} descriptors, it takes {expected}")]

@@ -64,17 +64,22 @@ impl Agent {
         }
     }
 
-    /// Refuses a sandbox of `caller` on another peer's image ([`access::may_use_image`]). An
-    /// unknown image passes here and is reported by the creation itself.
+    /// Refuses a sandbox of `caller` on another peer's image ([`crate::images::ImageMeta::serves`]), or,
+    /// for a non-root caller, on an image whose owner cannot be read. An unknown image passes
+    /// here and is reported by the creation itself.
     pub(super) fn check_image_use(&self, caller: &Caller, name: &str) -> Result<(), AccessError> {
         match self.rt.images.meta(name) {
-            Ok(meta) if !access::may_use_image(caller, meta.owner_uid) => {
-                Err(AccessError::ForeignImage {
+            Ok(meta) if !meta.serves(caller.cred.uid) => Err(AccessError::ForeignImage {
+                name: name.to_string(),
+                owner: meta.owner_uid,
+            }),
+            Ok(_) => Ok(()),
+            Err(_) if !caller.is_root() && self.rt.images.rootfs(name).is_ok() => {
+                Err(AccessError::ImageOwnerUnknown {
                     name: name.to_string(),
-                    owner: meta.owner_uid,
                 })
             }
-            _ => Ok(()),
+            Err(_) => Ok(()),
         }
     }
 
@@ -92,17 +97,22 @@ impl Agent {
             };
             return error(e.code(), &e);
         }
-        let used = self
-            .registry()
-            .values()
-            .any(|s| s.record().spec.image == name);
-        if used {
-            return Response::Error(ErrorReply {
-                code: ErrorCode::InUse,
-                message: format!("image {name} is used by a sandbox"),
-            });
-        }
-        match self.rt.images.remove(name) {
+        // Under the registry and in-flight locks: no creation can pass its image check
+        // between this one and the rename that takes the name away.
+        let detached = {
+            let registry = self.registry();
+            let creating = self.creating.lock();
+            let used = registry.values().any(|s| s.record().spec.image == name)
+                || creating.iter().any(|(_, image)| image == name);
+            if used {
+                return Response::Error(ErrorReply {
+                    code: ErrorCode::InUse,
+                    message: format!("image {name} is used by a sandbox"),
+                });
+            }
+            self.rt.images.detach(name)
+        };
+        match detached.and_then(|trash| self.rt.images.delete_detached(trash)) {
             Ok(()) => Response::Done,
             Err(e) => error(image_code(&e), &e),
         }

@@ -164,6 +164,7 @@ impl Agent {
             policies: Policies::default(),
             contexts,
             failed_seen: Mutex::new(std::collections::HashSet::new()),
+            creating: Default::default(),
             rt: Runtime {
                 config,
                 images,

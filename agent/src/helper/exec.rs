@@ -215,6 +215,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
                         Some(ns_pid) => Killer {
                             cgroup_procs: &entry.cgroup_procs,
                             ns_pid,
+                            host_pid: child,
                         }
                         .kill(),
                         None => {
@@ -240,6 +241,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
             let killer = Killer {
                 cgroup_procs: &entry.cgroup_procs,
                 ns_pid,
+                host_pid: child,
             };
             let left = deadline.map(|d| {
                 d.saturating_duration_since(Instant::now())
@@ -381,7 +383,12 @@ struct Killer<'a> {
     cgroup_procs: &'a [OwnedFd],
     /// The action's pid inside the sandbox's pid namespace (it leads its process group).
     ns_pid: i32,
+    /// The same process as the helper sees it.
+    host_pid: Pid,
 }
+
+/// How long the helper waits for the timeout killer, milliseconds.
+const KILLER_WAIT_MS: u64 = 1000;
 
 impl Killer<'_> {
     fn kill(&self) {
@@ -397,6 +404,17 @@ impl Killer<'_> {
                 unsafe { libc::_exit(0) }
             }
             Ok(ForkResult::Parent { child }) => {
+                // Inside the sandbox's pid namespace the killer can be signalled by a sandbox
+                // in the host's user namespace (same uid, CAP_KILL): one that keeps stopping
+                // it gets it killed, and the group killed from here instead.
+                let done = sys::pidfd_open(child.as_raw())
+                    .and_then(|fd| sys::pidfd_wait(fd.as_fd(), Some(KILLER_WAIT_MS)))
+                    .unwrap_or(false);
+                if !done {
+                    let _ = kill(child, Signal::SIGKILL);
+                    let _ = kill(Pid::from_raw(-self.host_pid.as_raw()), Signal::SIGKILL);
+                    let _ = kill(self.host_pid, Signal::SIGKILL);
+                }
                 let _ = waitpid(child, Some(WaitPidFlag::__WALL));
             }
             Err(e) => eprintln!("belayer exec helper: cannot fork the timeout killer: {e}"),

@@ -9,7 +9,7 @@
 //! 1. make everything private, bind the overlay root onto itself (`pivot_root` needs a mount
 //!    that is not locked) and enter it;
 //! 2. mount a fresh `proc` (`nosuid,nodev,noexec`), then mask its host-revealing files with
-//!    the host's `/dev/null` ([`MASKED_FILES`]), cover its host-revealing directories with
+//!    the host's `/dev/null` bound read-only ([`MASKED_FILES`]), cover its host-revealing directories with
 //!    the empty directory [`EMPTY_DIR`] bound read-only ([`MASKED_DIRS`]), and make the
 //!    host-settings trees read-only ([`READ_ONLY`]);
 //! 3. bind the host's harmless character devices ([`crate::cgroup::ALLOWED_DEVICES`]; a user
@@ -129,8 +129,7 @@ pub(crate) fn build_root(root: &Path) -> Result<(), SyscallError> {
 fn mask_proc() -> Result<(), SyscallError> {
     for file in MASKED_FILES {
         if fs::symlink_metadata(file).is_ok() {
-            mount(Some("/dev/null"), *file, NONE, MsFlags::MS_BIND, NONE)
-                .map_err(|e| SyscallError::new("mount", format!("/dev/null on /{file}"), e))?;
+            bind_device("/dev/null", file)?;
         }
     }
     for dir in MASKED_DIRS {
@@ -185,31 +184,29 @@ fn build_dev() -> Result<(), SyscallError> {
                 nix::errno::Errno::ENOENT,
             ));
         }
-        let host = format!("/dev/{name}");
-        mount(
-            Some(host.as_str()),
-            node.as_str(),
-            NONE,
-            MsFlags::MS_BIND,
-            NONE,
-        )
-        .map_err(|e| SyscallError::new("mount", format!("{host} bind"), e))?;
-        // The node is the host's inode: read-only, so its times, mode and owner are not the
-        // sandbox's to change (reads and writes of the device itself are unaffected).
-        mount(
-            NONE,
-            node.as_str(),
-            NONE,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_BIND
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NOEXEC,
-            NONE,
-        )
-        .map_err(|e| SyscallError::new("mount", format!("/{node} read-only"), e))?;
+        bind_device(&format!("/dev/{name}"), &node)?;
     }
     Ok(())
+}
+
+/// Binds the host device node `source` onto `target`, read-only, `nosuid`, `noexec`: the node
+/// is the host's inode, so its times, mode and owner are not the sandbox's to change (reads
+/// and writes of the device itself are unaffected).
+fn bind_device(source: &str, target: &str) -> Result<(), SyscallError> {
+    mount(Some(source), target, NONE, MsFlags::MS_BIND, NONE)
+        .map_err(|e| SyscallError::new("mount", format!("{source} on /{target}"), e))?;
+    mount(
+        NONE,
+        target,
+        NONE,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NOEXEC,
+        NONE,
+    )
+    .map_err(|e| SyscallError::new("mount", format!("/{target} read-only"), e))
 }
 
 /// Makes `/dev` of a fresh upper layer (host side, before the overlay is mounted): an opaque

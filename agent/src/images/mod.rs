@@ -126,6 +126,13 @@ pub struct ImageMeta {
 }
 
 impl ImageMeta {
+    /// Whether a sandbox owned by `uid` may run on this image: root's images are shared, an
+    /// image a peer imported serves only that peer (its name was the importer's to choose, so
+    /// it must not stand in for an image someone else expects).
+    pub fn serves(&self, uid: u32) -> bool {
+        self.owner_uid == 0 || self.owner_uid == uid
+    }
+
     /// The client view.
     pub fn info(&self) -> ImageInfo {
         ImageInfo {
@@ -213,8 +220,18 @@ impl ImageStore {
         Ok(out)
     }
 
-    /// Removes image `name` (the caller checks that no sandbox uses it and who may).
+    /// Removes image `name` (the caller checks that no sandbox uses it and who may):
+    /// [`Self::detach`], then [`Self::delete_detached`].
     pub fn remove(&self, name: &str) -> Result<(), ImageError> {
+        let trash = self.detach(name)?;
+        self.delete_detached(trash)
+    }
+
+    /// Takes image `name` out of the store by renaming it to a hidden trash dir (atomic: from
+    /// then on the name is unknown and free); returns that dir.
+    ///
+    /// Errors: [`ImageError::InvalidName`], [`ImageError::Unknown`], [`ImageError::Store`].
+    pub fn detach(&self, name: &str) -> Result<PathBuf, ImageError> {
         self.rootfs(name)?;
         let dir = self.dir.join(name);
         let trash = self.dir.join(format!(".rm-{name}-{}", sys::random_hex(4)));
@@ -222,6 +239,11 @@ impl ImageStore {
             path: dir.clone(),
             source,
         })?;
+        Ok(trash)
+    }
+
+    /// Deletes a dir [`Self::detach`] returned. Errors: [`ImageError::Store`].
+    pub fn delete_detached(&self, trash: PathBuf) -> Result<(), ImageError> {
         belayer_overlay::remove_dir_all(&trash).map_err(|source| ImageError::Store {
             path: trash,
             source,

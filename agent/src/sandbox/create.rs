@@ -185,6 +185,11 @@ pub fn create(
             Ok(SandboxSlot::new(rec, paths))
         }
         Err(e) => {
+            // An init that started is killed with its cgroup before anything of it is given
+            // back; one that cannot be killed keeps its dir and its id range (never shared).
+            if rec.init_pid.is_some() && !discard_started(&rec, &paths) {
+                return Err(e);
+            }
             super::remove::delete_sandbox_dir(&paths.dir);
             if let Some(range) = rec.userns {
                 rt.userns.release(range);
@@ -192,6 +197,29 @@ pub fn create(
             Err(e)
         }
     }
+}
+
+/// Kills the init of a creation that failed after it started (its record could not be
+/// saved), removes the cgroup, reaps it and unmounts the root. Returns whether the tree is
+/// gone.
+fn discard_started(rec: &SandboxRecord, paths: &SandboxPaths) -> bool {
+    if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+        if let Err(e) = cg
+            .kill_all(std::time::Duration::from_secs(10))
+            .and_then(|()| cg.remove())
+        {
+            tracing::error!(sandbox = %rec.id, error = %e,
+                            "cannot kill the init of a failed creation; its dir and id range stay reserved");
+            return false;
+        }
+    }
+    if let Some(pid) = rec.init_pid {
+        sys::try_reap(pid);
+    }
+    if let Err(e) = belayer_overlay::unmount(&paths.merged(0)) {
+        tracing::warn!(sandbox = %rec.id, error = %e, "cannot unmount the root of a failed creation");
+    }
+    true
 }
 
 /// Makes the directory of instance `n` (replacing a stale one): a btrfs volume limited to the

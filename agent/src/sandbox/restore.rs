@@ -97,6 +97,17 @@ pub enum RestoreError {
         #[source]
         source: belayer_criu::UnsafeImagePath,
     },
+    /// The sandbox's image is now one its owner may not use (another peer's, or one whose
+    /// owner cannot be read); nothing was touched.
+    #[error("image {image} of sandbox {id} belongs to {} now", owner.map_or("an unknown owner".to_string(), |o| format!("uid {o}")))]
+    ForeignImage {
+        /// Sandbox id.
+        id: String,
+        /// Image name.
+        image: String,
+        /// Its owner, when known.
+        owner: Option<u32>,
+    },
     /// Re-capturing the restored upper layer for the validity check failed.
     #[error("cannot re-capture the restored upper layer of sandbox {id}")]
     Verify {
@@ -147,6 +158,7 @@ impl RestoreError {
             RestoreError::UnsafeImages { source, .. } if source.is_image_fault() => {
                 ErrorCode::CorruptCheckpoint
             }
+            RestoreError::ForeignImage { .. } => ErrorCode::PermissionDenied,
             _ => ErrorCode::RestoreFailed,
         }
     }
@@ -188,6 +200,24 @@ pub fn restore(
         .images
         .rootfs(&rec.spec.image)
         .map_err(CreateError::from)?;
+    // The image under that name must still be one the sandbox's owner may run on.
+    match rt.images.meta(&rec.spec.image) {
+        Ok(meta) if !meta.serves(rec.owner_uid) => {
+            return Err(RestoreError::ForeignImage {
+                id: id.clone(),
+                image: rec.spec.image.clone(),
+                owner: Some(meta.owner_uid),
+            })
+        }
+        Err(_) if rec.owner_uid != 0 => {
+            return Err(RestoreError::ForeignImage {
+                id: id.clone(),
+                image: rec.spec.image.clone(),
+                owner: None,
+            })
+        }
+        _ => {}
+    }
 
     // 2. F_k into a fresh instance's upper dir, while every artifact digest and every blob
     //    is verified on a second thread; both before the failed instance is touched, so a
@@ -229,20 +259,18 @@ pub fn restore(
         e
     };
     verified.0.map_err(discard)?;
-    let base = match materialized {
-        Some(Ok((_, rekeyed))) => Some((n, std::sync::Arc::new(rekeyed))),
+    let (base, shared_bytes) = match materialized {
+        Some(Ok((stats, rekeyed))) => (Some((n, std::sync::Arc::new(rekeyed))), stats.shared_bytes),
         Some(Err(source)) => {
             return Err(discard(RestoreError::FsInstall {
                 id: id.clone(),
                 source,
             }))
         }
-        None => None,
+        None => (None, 0),
     };
-    if let Some(m) = &manifest {
-        restored_layer_counts(rt, &rec, &slot.paths.instance(n), m.layer.data_bytes)
-            .map_err(|e| discard(CreateError::from(e).into()))?;
-    }
+    restored_layer_counts(rt, &rec, &slot.paths.instance(n), shared_bytes)
+        .map_err(|e| discard(CreateError::from(e).into()))?;
     let context = match &manifest {
         Some(m) => store.read_context(m)?,
         None => Vec::new(),
@@ -405,26 +433,27 @@ pub(crate) fn check_image_paths(
     belayer_criu::validate_restore_paths_allowing(images, root, &binds)
 }
 
-/// The restored layer counts against the sandbox's disk limit. Uncompressed blobs are
-/// materialized as reflinks, which simple quotas charge to whoever wrote the data first (the
-/// blob store), not to the new instance: without this, each restore would hand the sandbox
-/// its whole limit again on top of what it had. So the instance's limit becomes the
-/// sandbox's minus the restored data (at least 1 MiB, so the sandbox can still write its
-/// logs). Compressed blobs are written out decompressed and charged to the instance already.
+/// The restored layer counts against the sandbox's disk limit. Data placed from blobs with
+/// `copy_file_range` shares the blobs' extents, which simple quotas charge to whoever wrote
+/// them first (the old instance), not to the new one: without this, each restore would hand
+/// the sandbox its whole limit again on top of what it had. So the instance's limit becomes
+/// the sandbox's minus those `shared_bytes` (at least 1 MiB, so the sandbox can still write
+/// its logs). Data written out (compressed or verified blobs) is charged to the instance
+/// already.
 fn restored_layer_counts(
     rt: &Runtime,
     rec: &super::SandboxRecord,
     inst: &std::path::Path,
-    data_bytes: u64,
+    shared_bytes: u64,
 ) -> Result<(), crate::quota::QuotaError> {
     let (Some(_), Some(limit)) = (&rt.quota, rec.spec.disk_max) else {
         return Ok(());
     };
-    if rt.config.blob_zstd_level.is_some() || !crate::quota::is_volume(inst) {
+    if shared_bytes == 0 || !crate::quota::is_volume(inst) {
         return Ok(());
     }
     let left = limit
-        .saturating_sub(data_bytes)
+        .saturating_sub(shared_bytes)
         .max(crate::quota::MIN_DISK_LIMIT);
     crate::quota::Volume::open(inst)?.set_limit(Some(left))
 }

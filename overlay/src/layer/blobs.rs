@@ -326,15 +326,17 @@ impl BlobStore {
     /// Writes the bytes of blob `id` into `dst` at `extents` (the blob holds the extents'
     /// bytes back to back). With `verify` the blob is read, hashed and written in one pass
     /// and a blob that does not hash to `id` is an error ([`BlobError::Corrupt`]);
-    /// otherwise an uncompressed blob is copied by the kernel (`copy_file_range`). Returns
-    /// the bytes written.
+    /// otherwise an uncompressed blob is copied by the kernel (`copy_file_range`, which
+    /// shares the blob's extents on btrfs). Returns the bytes written and, of those, the
+    /// bytes placed by `copy_file_range` (possibly shared, so not charged to `dst`'s volume
+    /// by a quota that charges whoever allocated an extent).
     pub(crate) fn write_extents(
         &self,
         id: &BlobId,
         extents: &[Extent],
         dst: BorrowedFd<'_>,
         verify: bool,
-    ) -> Result<u64, BlobError> {
+    ) -> Result<(u64, u64), BlobError> {
         let (file, compressed) = self.open_blob(id)?;
         let want: u64 = extents.iter().map(|e| e.len).sum();
         let short = |got: u64| BlobError::Corrupt {
@@ -351,7 +353,7 @@ impl BlobStore {
                 }
                 src_off += n;
             }
-            return Ok(want);
+            return Ok((want, want));
         }
         let mut reader = self.reader(id, file, compressed)?;
         let mut hasher = blake3::Hasher::new();
@@ -403,7 +405,7 @@ impl BlobStore {
                 });
             }
         }
-        Ok(total)
+        Ok((total, 0))
     }
 
     /// The bytes of blob `id` open as `file`, decompressed when stored compressed.

@@ -1,0 +1,82 @@
+//! `CreateSandbox`: the checks for who asks (spec rights, limit ceilings, per-uid cap, image
+//! ownership) and the creations in flight.
+//!
+//! A creation takes seconds, and its sandbox enters the registry only at the end. Creations in
+//! flight are therefore recorded ([`Creating`]) from the moment their checks pass: they count
+//! against their uid's `max_sandboxes_per_uid` (so parallel requests cannot overshoot it) and
+//! hold their image against removal (so an image cannot be removed, and another one imported
+//! under its name, between the ownership check and the mount).
+
+use std::sync::{Mutex, MutexGuard};
+
+use belayer_ipc::{Caller, Response, SandboxSpec};
+
+use super::{access, error, Agent};
+
+/// Creations in flight: `(owner uid, image name)` each.
+#[derive(Debug, Default)]
+pub(super) struct Creating(Mutex<Vec<(u32, String)>>);
+
+impl Creating {
+    /// The list, locked (always after the registry when both are held).
+    pub(super) fn lock(&self) -> MutexGuard<'_, Vec<(u32, String)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One creation in flight; leaves the list on drop.
+struct InFlight<'a> {
+    creating: &'a Creating,
+    entry: (u32, String),
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut list = self.creating.lock();
+        if let Some(i) = list.iter().position(|e| *e == self.entry) {
+            list.swap_remove(i);
+        }
+    }
+}
+
+impl Agent {
+    /// `CreateSandbox(spec)` for `caller`: refused with `PermissionDenied` past its rights
+    /// ([`access::check_spec`], [`access::check_limits`], the image owner), else created,
+    /// registered and described.
+    pub(super) fn create_sandbox(&self, caller: &Caller, spec: SandboxSpec) -> Response {
+        let uid = caller.cred.uid;
+        let in_flight = {
+            let registry = self.registry();
+            let mut creating = self.creating.lock();
+            let held = registry
+                .values()
+                .filter(|s| s.record().owner_uid == uid)
+                .count()
+                + creating.iter().filter(|(u, _)| *u == uid).count();
+            let checked = access::check_spec(caller, &spec)
+                .and_then(|()| access::check_limits(caller, &spec, &self.rt.config, held))
+                .and_then(|()| self.check_image_use(caller, &spec.image));
+            if let Err(e) = checked {
+                tracing::warn!(uid, pid = caller.cred.pid, error = %e, "refused a sandbox spec");
+                return error(e.code(), &e);
+            }
+            let entry = (uid, spec.image.clone());
+            creating.push(entry.clone());
+            InFlight {
+                creating: &self.creating,
+                entry,
+            }
+        };
+        let created = crate::sandbox::create::create(&self.rt, spec, uid);
+        match created {
+            Ok(slot) => {
+                let slot = std::sync::Arc::new(slot);
+                let info = Self::info(&slot);
+                self.registry().insert(info.id.clone(), slot);
+                drop(in_flight);
+                Response::Sandbox(info)
+            }
+            Err(e) => error(e.code(), &e),
+        }
+    }
+}
