@@ -100,6 +100,17 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// uid/gid 65534 (`nobody`) with the supplementary `groups` (e.g. the socket group).
+    pub fn nobody(groups: &[u32]) -> Identity {
+        Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: groups.to_vec(),
+        }
+    }
+}
+
+impl Identity {
     /// Makes `cmd` run as this identity: the forked child calls `setgroups`, `setresgid` and
     /// `setresuid` (in that order, real, effective and saved ids) before it execs.
     pub fn apply(&self, cmd: &mut Command) {

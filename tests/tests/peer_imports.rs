@@ -20,11 +20,7 @@ const SOCKET_GID: u32 = 4271;
 const READ_GID: u32 = 4272;
 
 fn peer(groups: &[u32]) -> Identity {
-    Identity {
-        uid: NOBODY,
-        gid: NOBODY,
-        groups: groups.to_vec(),
-    }
+    Identity::nobody(groups)
 }
 
 /// The peer's entry point (see `belayer_tests::peer`).

@@ -11,16 +11,11 @@ use belayer_ipc::{
 use belayer_tests::peer::{error_of, response, run_as, run_as_with, Op, Outcome};
 use belayer_tests::{busybox_rootfs, Daemon, DaemonOptions, Identity};
 
-const NOBODY: u32 = 65534;
 /// Group allowed on the daemon socket.
 const SOCKET_GID: u32 = 4271;
 
 fn peer(groups: &[u32]) -> Identity {
-    Identity {
-        uid: NOBODY,
-        gid: NOBODY,
-        groups: groups.to_vec(),
-    }
+    Identity::nobody(groups)
 }
 
 /// The peer's entry point (see `belayer_tests::peer`).

@@ -148,27 +148,33 @@ fn mask_proc() -> Result<(), SyscallError> {
 /// Binds `source` onto `target` (recursively) and makes the bind read-only, `nosuid`,
 /// `nodev`, `noexec`.
 fn bind_read_only(source: &str, target: &str) -> Result<(), SyscallError> {
+    bind_remounted(source, target, MsFlags::MS_REC, MsFlags::MS_NODEV)
+}
+
+/// Binds `source` on `target` (with `bind_flags`, e.g. `MS_REC`), then remounts the bind
+/// read-only, `nosuid`, `noexec` and `extra` (e.g. `MS_NODEV`).
+fn bind_remounted(
+    source: &str,
+    target: &str,
+    bind_flags: MsFlags,
+    extra: MsFlags,
+) -> Result<(), SyscallError> {
     mount(
         Some(source),
         target,
         NONE,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
+        MsFlags::MS_BIND | bind_flags,
         NONE,
     )
     .map_err(|e| SyscallError::new("mount", format!("{source} on /{target}"), e))?;
-    mount(
-        NONE,
-        target,
-        NONE,
-        MsFlags::MS_REMOUNT
-            | MsFlags::MS_BIND
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV
-            | MsFlags::MS_NOEXEC,
-        NONE,
-    )
-    .map_err(|e| SyscallError::new("mount", format!("/{target} read-only"), e))
+    let remount = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NOEXEC
+        | extra;
+    mount(NONE, target, NONE, remount, NONE)
+        .map_err(|e| SyscallError::new("mount", format!("/{target} read-only"), e))
 }
 
 /// Binds the allowed host devices over their placeholders in the sandbox's `/dev` (made by
@@ -193,20 +199,7 @@ fn build_dev() -> Result<(), SyscallError> {
 /// is the host's inode, so its times, mode and owner are not the sandbox's to change (reads
 /// and writes of the device itself are unaffected).
 fn bind_device(source: &str, target: &str) -> Result<(), SyscallError> {
-    mount(Some(source), target, NONE, MsFlags::MS_BIND, NONE)
-        .map_err(|e| SyscallError::new("mount", format!("{source} on /{target}"), e))?;
-    mount(
-        NONE,
-        target,
-        NONE,
-        MsFlags::MS_REMOUNT
-            | MsFlags::MS_BIND
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NOEXEC,
-        NONE,
-    )
-    .map_err(|e| SyscallError::new("mount", format!("/{target} read-only"), e))
+    bind_remounted(source, target, MsFlags::empty(), MsFlags::empty())
 }
 
 /// Makes `/dev` of a fresh upper layer (host side, before the overlay is mounted): an opaque
