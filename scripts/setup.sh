@@ -54,6 +54,8 @@ apt_packages=(
   runc
   # test helpers, rustup bootstrap, shell lint
   python3 curl ca-certificates util-linux kmod shellcheck
+  # libseccomp builds the sandbox's seccomp filter (a binary tree over syscall numbers)
+  libseccomp-dev
   # mkfs.btrfs for the state file system and the quota tests' images (belayerd itself uses ioctls)
   btrfs-progs
 )

@@ -36,9 +36,11 @@
 //! unpack are `belayer-overlay`'s), `caps` (capability sets of sandboxes and of the image-walk
 //! helper), `plotters` (SVG plots of the rollout report, no system fonts needed), `indicatif`
 //! (rollout progress bars), `clap` (CLI), `thiserror` (typed errors),
-//! `tracing`/`tracing-subscriber` (logs), `anyhow` (CLI and binaries only), `seccompiler` (the sandbox seccomp filter: rust-vmm's
-//! pure-Rust compiler from syscall rules with argument conditions to classic BPF, the one
-//! Firecracker uses; no libseccomp C library to build against or ship); `tar` for tests only.
+//! `tracing`/`tracing-subscriber` (logs), `anyhow` (CLI and binaries only), `libseccomp` (compiles the sandbox seccomp filter: rules with argument conditions to one
+//! classic-BPF program laid out as a binary tree over syscall numbers, which keeps the
+//! kernel's install cost at every exec and restored process low; links the system's
+//! libseccomp ≥ 2.5), `seccompiler` (only its `apply_filter`: installs an exported program
+//! without allocating, safe between `fork` and `execve`); `tar` for tests only.
 #![warn(missing_docs)]
 
 pub mod cgroup;
