@@ -114,6 +114,18 @@ pub struct Config {
     /// Time for a client to take one response or event frame, milliseconds; a subscriber
     /// that stops reading is dropped after it.
     pub send_timeout_ms: u64,
+    /// Bytes of LLM-context data (`ContextAppend`) one non-root uid may keep on the state disk;
+    /// 0 = unlimited. Each record counts its bytes plus 4 KiB and each trajectory 16 KiB (its
+    /// file's metadata and the daemon's index of it), so the budget also bounds the daemon's
+    /// memory for that uid's logs (see `daemon::contexts`). An append past it is refused with
+    /// `InvalidState`. Default 1 GiB.
+    pub context_budget_bytes: u64,
+    /// The same budget for root's trajectories; 0 (default) = unlimited.
+    pub context_root_budget_bytes: u64,
+    /// Largest context one `ContextAppend` may carry, bytes (bigger ones: `BadRequest`); at
+    /// most, and by default, [`crate::context::MAX_CONTEXT_BYTES`] (64 MiB less 1 KiB). A
+    /// request is also bounded by `max_frame_bytes`.
+    pub context_max_bytes: u64,
     /// Memory servers `belayerd` starts and restarts (`[[memory_server]]` tables).
     #[serde(rename = "memory_server")]
     pub memory_servers: Vec<crate::memory::supervise::SupervisedServer>,
@@ -154,6 +166,9 @@ impl Default for Config {
             frame_timeout_ms: 10_000,
             idle_timeout_s: 3600,
             send_timeout_ms: 10_000,
+            context_budget_bytes: crate::daemon::contexts::DEFAULT_UID_BUDGET_BYTES,
+            context_root_budget_bytes: 0,
+            context_max_bytes: crate::context::MAX_CONTEXT_BYTES,
             memory_servers: Vec::new(),
         }
     }
@@ -325,6 +340,13 @@ impl Config {
                 reason: "below 1 MiB (0 = no limit)",
             });
         }
+        if self.context_max_bytes == 0 || self.context_max_bytes > crate::context::MAX_CONTEXT_BYTES
+        {
+            return Err(ConfigError::Invalid {
+                field: "context_max_bytes",
+                reason: "must be between 1 and 64 MiB less 1 KiB (what one log record holds)",
+            });
+        }
         if self.freeze_timeout_ms == 0 {
             return Err(ConfigError::Invalid {
                 field: "freeze_timeout_ms",
@@ -385,6 +407,30 @@ mod tests {
         assert!(c.validate().is_err());
         c.default_disk_max_bytes = 0;
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn context_limits_have_defaults_and_bounds() {
+        let c = Config::default();
+        assert_eq!(c.context_budget_bytes, 1 << 30);
+        assert_eq!(c.context_root_budget_bytes, 0);
+        assert_eq!(c.context_max_bytes, crate::context::MAX_CONTEXT_BYTES);
+        let c: Config = toml::from_str(
+            "context_budget_bytes = 0\ncontext_root_budget_bytes = 4096\ncontext_max_bytes = 10\n",
+        )
+        .unwrap();
+        assert!(c.validate().is_ok());
+        let limits = crate::daemon::contexts::ContextLimits::from_config(&c);
+        assert_eq!(limits.uid_budget_bytes, None);
+        assert_eq!(limits.root_budget_bytes, Some(4096));
+        assert_eq!(limits.max_context_bytes, 10);
+        for max in [0, crate::context::MAX_CONTEXT_BYTES + 1] {
+            let bad = Config {
+                context_max_bytes: max,
+                ..Config::default()
+            };
+            assert!(bad.validate().is_err(), "{max}");
+        }
     }
 
     #[test]

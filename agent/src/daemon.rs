@@ -23,6 +23,8 @@ use crate::sys;
 
 pub mod access;
 mod adopt;
+mod brief;
+pub mod contexts;
 mod create_api;
 mod image_api;
 pub mod rollout_api;
@@ -31,7 +33,8 @@ mod start;
 pub use start::StartError;
 
 use access::AccessError;
-use rollout_api::{ContextLogs, EventBus, Policies};
+use contexts::ContextLogs;
+use rollout_api::{EventBus, Policies};
 
 /// Backing tmpfs of CRIU's kernel-feature cache.
 pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
@@ -50,7 +53,7 @@ pub struct Agent {
     events: EventBus,
     /// Checkpoint policy per sandbox (`Request::MaybeCheckpoint`).
     policies: Policies,
-    /// Context log per trajectory (`Request::ContextAppend`/`ContextLookup`).
+    /// Context log per trajectory, owned by its creator (`Request::ContextAppend`/`ContextLookup`).
     contexts: ContextLogs,
     /// Creations in flight (counted against per-uid caps, holding their image).
     creating: create_api::Creating,
@@ -432,12 +435,12 @@ impl Agent {
                 trajectory,
                 prefix,
                 context,
-            } => match self.contexts.append(&trajectory, prefix, context) {
+            } => match self.contexts.append(caller, &trajectory, prefix, context) {
                 Ok(entry) => Response::Context(entry),
                 Err(e) => Response::Error(e.reply()),
             },
             Request::ContextLookup { trajectory, prefix } => {
-                match self.contexts.lookup(&trajectory, prefix) {
+                match self.contexts.lookup(caller, &trajectory, prefix) {
                     Ok(entry) => Response::Context(entry),
                     Err(e) => Response::Error(e.reply()),
                 }
@@ -464,7 +467,7 @@ impl belayer_ipc::Handler for Agent {
             pid = peer.pid,
             uid = peer.uid,
             fds = fds.len(),
-            ?request,
+            request = %brief::Brief(&request),
             "request"
         );
         self.dispatch(caller, request, fds)

@@ -96,10 +96,14 @@ pub enum Request {
     /// [`Response::MaybeCheckpoint`].
     MaybeCheckpoint(MaybeCheckpointRequest),
     /// Append the LLM context L_k of `trajectory` at action boundary `prefix` to the
-    /// trajectory's context log (under the daemon's state dir). Answered by
-    /// [`Response::Context`].
+    /// trajectory's context log (under the daemon's state dir); a trajectory's first append
+    /// creates it, owned by the caller. Answered by [`Response::Context`], or an error:
+    /// [`ErrorCode::BadRequest`] (bad id, context over the daemon's size limit),
+    /// [`ErrorCode::InvalidState`] (the owner's context budget is exhausted),
+    /// [`ErrorCode::PermissionDenied`] (`<name>@<uid>` of another uid, for a non-root peer).
     ContextAppend {
-        /// Trajectory id: `[A-Za-z0-9._-]{1,128}`.
+        /// Trajectory id: a name of `[A-Za-z0-9._-]{1,128}` not starting with a dot (the
+        /// caller's own trajectory of that name), or `<name>@<uid>` (uid's, for root and uid).
         trajectory: String,
         /// Action boundary k.
         prefix: u64,
@@ -108,9 +112,10 @@ pub enum Request {
         context: Vec<u8>,
     },
     /// Look up the context of `trajectory` at boundary `prefix` (`None`: the latest boundary).
-    /// Answered by [`Response::Context`], or [`ErrorCode::NotFound`].
+    /// Answered by [`Response::Context`], or [`ErrorCode::NotFound`] (also for another uid's
+    /// trajectory the caller may not see: answered exactly like an unknown one).
     ContextLookup {
-        /// Trajectory id.
+        /// Trajectory id, as in [`Request::ContextAppend`].
         trajectory: String,
         /// Action boundary k, or `None` for the latest one.
         prefix: Option<u64>,
@@ -520,7 +525,8 @@ pub enum ErrorCode {
     AlreadyExists,
     /// Thing in use (e.g. image used by a sandbox).
     InUse,
-    /// The sandbox is not in a state that allows the request.
+    /// The sandbox is not in a state that allows the request; or a `ContextAppend` would take
+    /// its trajectory's owner past its context budget.
     InvalidState,
     /// A checkpoint failed verification (digest mismatch, bad manifest).
     CorruptCheckpoint,

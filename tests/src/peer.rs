@@ -39,6 +39,20 @@ pub enum Op {
         /// How long to collect, milliseconds.
         ms: u64,
     },
+    /// `count` `ContextAppend`s on one connection, each of a `bytes`-byte context (made up
+    /// in the peer, so they need not travel in its arguments): to trajectories
+    /// `<trajectory>-<i>` when `distinct`, else to `trajectory` at prefixes `0..count`. Stops
+    /// at the first answer that is not a context; gives [`Outcome::Appends`].
+    ContextAppends {
+        /// Trajectory id, or the prefix of the ids.
+        trajectory: String,
+        /// Appends to make.
+        count: u32,
+        /// Size of each context, bytes.
+        bytes: usize,
+        /// One new trajectory per append.
+        distinct: bool,
+    },
 }
 
 /// What one [`Op`] gave.
@@ -50,6 +64,13 @@ pub enum Outcome {
     ClientError(String),
     /// The events collected.
     Events(Vec<Event>),
+    /// What [`Op::ContextAppends`] did.
+    Appends {
+        /// Appends answered with a context.
+        ok: u32,
+        /// The answer that stopped them, `None` when all went through.
+        stopped: Option<Box<Outcome>>,
+    },
 }
 
 const OPS_ENV: &str = "BELAYER_PEER_OPS";
@@ -90,6 +111,12 @@ pub fn child_main() {
                     Err(e) => Outcome::ClientError(chain(&e)),
                 }
             }
+            Op::ContextAppends {
+                trajectory,
+                count,
+                bytes,
+                distinct,
+            } => context_appends(&socket, &trajectory, count, bytes, distinct),
             Op::Events { ms } => {
                 let connected = Client::connect(&socket).and_then(Client::subscribe);
                 match connected {
@@ -114,6 +141,43 @@ pub fn child_main() {
             "PEER-RESULT {}",
             serde_json::to_string(&outcome).expect("json")
         );
+    }
+}
+
+fn context_appends(
+    socket: &str,
+    trajectory: &str,
+    count: u32,
+    bytes: usize,
+    distinct: bool,
+) -> Outcome {
+    let mut client = match Client::connect(socket) {
+        Ok(c) => c,
+        Err(e) => return Outcome::ClientError(chain(&e)),
+    };
+    for i in 0..count {
+        let request = Request::ContextAppend {
+            trajectory: if distinct {
+                format!("{trajectory}-{i}")
+            } else {
+                trajectory.to_owned()
+            },
+            prefix: u64::from(i),
+            context: vec![i as u8; bytes],
+        };
+        let stopped = match client.call(request) {
+            Ok(Response::Context(_)) => continue,
+            Ok(r) => Outcome::Response(Box::new(r)),
+            Err(e) => Outcome::ClientError(chain(&e)),
+        };
+        return Outcome::Appends {
+            ok: i,
+            stopped: Some(Box::new(stopped)),
+        };
+    }
+    Outcome::Appends {
+        ok: count,
+        stopped: None,
     }
 }
 

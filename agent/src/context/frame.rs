@@ -1,4 +1,8 @@
 //! File header and record framing: `[u32 LE length][u32 LE crc32][payload]`.
+//!
+//! [`read_frame`] checks a whole frame held in memory (a record read back by one `pread`);
+//! [`parse_head`] the header alone (the streaming scan on open, which reads the payload only
+//! once the header said how long it is).
 
 /// Magic at the start of every context log.
 pub(super) const MAGIC: [u8; 8] = *b"BLYCTXL\0";
@@ -56,14 +60,51 @@ pub(super) fn check_header(bytes: &[u8]) -> HeaderCheck {
     }
 }
 
-/// A frame around `payload` (whose length the caller has bounded by [`MAX_RECORD_BYTES`]).
-pub(super) fn encode_frame(payload: &[u8]) -> Vec<u8> {
+/// Fills the frame header (`buf[..8]`) of the payload `buf[8..]` (whose length the caller has
+/// bounded by [`MAX_RECORD_BYTES`]), so a frame is built in one buffer without a copy.
+pub(super) fn seal_frame(buf: &mut [u8]) {
+    let (head, payload) = buf.split_at_mut(FRAME_HEADER_BYTES as usize);
     let len = u32::try_from(payload.len()).expect("payload bounded by MAX_RECORD_BYTES");
-    let mut out = Vec::with_capacity(FRAME_HEADER_BYTES as usize + payload.len());
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    head[..4].copy_from_slice(&len.to_le_bytes());
+    head[4..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+}
+
+/// A frame around `payload` (whose length the caller has bounded by [`MAX_RECORD_BYTES`]).
+#[cfg(test)]
+pub(super) fn encode_frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; FRAME_HEADER_BYTES as usize];
     out.extend_from_slice(payload);
+    seal_frame(&mut out);
     out
+}
+
+/// What a frame header says: the payload length and crc32, or a length no frame has.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum FrameHead {
+    /// A plausible header.
+    Valid {
+        /// Payload length, bytes (1 ..= [`MAX_RECORD_BYTES`]).
+        len: u32,
+        /// Stored crc32 of the payload.
+        crc: u32,
+    },
+    /// The announced payload length is 0 or above [`MAX_RECORD_BYTES`].
+    BadLength {
+        /// The announced length.
+        len: u32,
+    },
+}
+
+/// Parses a frame header.
+pub(super) fn parse_head(head: &[u8; FRAME_HEADER_BYTES as usize]) -> FrameHead {
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    // No record encodes to 0 bytes; a zero length is what a zero-filled tail after a crash reads as.
+    if len == 0 || len > MAX_RECORD_BYTES {
+        FrameHead::BadLength { len }
+    } else {
+        FrameHead::Valid { len, crc }
+    }
 }
 
 /// Result of reading the frame at the start of a buffer.
@@ -85,15 +126,16 @@ pub(super) fn read_frame(buf: &[u8]) -> FrameRead<'_> {
     if buf.is_empty() {
         return FrameRead::End;
     }
-    let Some(head) = buf.get(..FRAME_HEADER_BYTES as usize) else {
+    let Some(head) = buf
+        .get(..FRAME_HEADER_BYTES as usize)
+        .and_then(|h| <&[u8; FRAME_HEADER_BYTES as usize]>::try_from(h).ok())
+    else {
         return FrameRead::Short;
     };
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-    let stored = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-    // No record encodes to 0 bytes; a zero length is what a zero-filled tail after a crash reads as.
-    if len == 0 || len > MAX_RECORD_BYTES {
-        return FrameRead::BadLength { len };
-    }
+    let (len, stored) = match parse_head(head) {
+        FrameHead::Valid { len, crc } => (len, crc),
+        FrameHead::BadLength { len } => return FrameRead::BadLength { len },
+    };
     let frame_len = FRAME_HEADER_BYTES as usize + len as usize;
     let Some(payload) = buf.get(FRAME_HEADER_BYTES as usize..frame_len) else {
         return FrameRead::Short;

@@ -13,20 +13,35 @@
 //! [`Record`] encoded with bincode 2 (serde mode, standard config) of at most
 //! [`MAX_RECORD_BYTES`]. [`ContextLog::open`] keeps every complete frame and truncates the file at
 //! the first torn, short or CRC-bad one ([`Recovery`]).
+//!
+//! Contexts are not kept in memory: a log's [`LogIndex`] holds where each record lies and the
+//! digest of each boundary (about 100 bytes a record, whatever its size), and a lookup reads
+//! the record back with one `pread`, checking its crc32. [`ContextLog`] is one writer's open
+//! log (the rollout driver's, the router's); the daemon keeps a [`LogIndex`] per trajectory and
+//! opens and closes the files itself, so that it never holds a descriptor per trajectory.
 
+mod encode;
 mod frame;
+mod index;
 mod log;
 mod record;
 
 use std::path::PathBuf;
 
+pub use encode::EncodedRecord;
 pub use frame::{FORMAT_VERSION, FRAME_HEADER_BYTES, HEADER_BYTES, MAX_RECORD_BYTES};
+pub use index::{BoundaryRef, LogIndex};
 pub use log::{ContextLog, Damage, Durability, Recovery};
 pub use record::{record_digest, Record, RecordId};
 
 /// Token interval between two [`Record::TokenPrefix`] records of a streaming response (paper: the
 /// router updates the preserved prefix every 256 tokens).
 pub const DEFAULT_TOKEN_INTERVAL: u32 = 256;
+
+/// Largest context one [`Record::Boundary`] holds, bytes: [`MAX_RECORD_BYTES`] less room for
+/// the rest of the record (variant, a trajectory id of up to 128 bytes, prefix, lengths; at most
+/// about 150 bytes), so a context of this size always fits whatever its trajectory.
+pub const MAX_CONTEXT_BYTES: u64 = MAX_RECORD_BYTES as u64 - 1024;
 
 /// Errors of the context log.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +114,26 @@ pub enum ContextLogError {
         /// Cause.
         #[source]
         source: bincode::error::DecodeError,
+    },
+    /// Reading a record back (`pread`) failed.
+    #[error("read record at offset {offset} of context log {path}")]
+    ReadRecord {
+        /// Log file.
+        path: PathBuf,
+        /// Byte offset of the frame.
+        offset: u64,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The frame at an indexed offset is no longer the record the index names (short, CRC-bad
+    /// or another record): the file was changed or damaged behind the log.
+    #[error("record at offset {offset} of context log {path} changed behind the log")]
+    RecordChanged {
+        /// Log file.
+        path: PathBuf,
+        /// Byte offset of the frame.
+        offset: u64,
     },
     /// Truncating a damaged tail (on open) or a failed append failed.
     #[error("truncate context log {path} to {len} bytes")]

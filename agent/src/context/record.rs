@@ -4,6 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::MAX_RECORD_BYTES;
+
 /// One record of the context log (bincode 2 serde payload of a frame).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Record {
@@ -50,6 +52,84 @@ impl Record {
     }
 }
 
+/// The wire twin of [`Record`] borrowing its strings and context from a frame being read or
+/// written, so that neither the scan on open nor an append copies a context. Its encoding is
+/// byte for byte that of [`Record`] (same variants and fields, in the same order; a test checks
+/// it).
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) enum RecordView<'a> {
+    /// See [`Record::Boundary`].
+    Boundary {
+        #[serde(borrow)]
+        trajectory: &'a str,
+        prefix: u64,
+        #[serde(borrow, with = "serde_bytes")]
+        context: &'a [u8],
+    },
+    /// See [`Record::TokenPrefix`].
+    TokenPrefix {
+        #[serde(borrow)]
+        trajectory: &'a str,
+        #[serde(borrow)]
+        request: &'a str,
+        prefix: u64,
+        tokens: Vec<u32>,
+    },
+}
+
+impl RecordView<'_> {
+    pub(super) fn trajectory(&self) -> &str {
+        match self {
+            RecordView::Boundary { trajectory, .. }
+            | RecordView::TokenPrefix { trajectory, .. } => trajectory,
+        }
+    }
+
+    pub(super) fn prefix(&self) -> u64 {
+        match self {
+            RecordView::Boundary { prefix, .. } | RecordView::TokenPrefix { prefix, .. } => *prefix,
+        }
+    }
+
+    pub(super) fn to_record(&self) -> Record {
+        match self {
+            RecordView::Boundary {
+                trajectory,
+                prefix,
+                context,
+            } => Record::Boundary {
+                trajectory: (*trajectory).to_owned(),
+                prefix: *prefix,
+                context: context.to_vec(),
+            },
+            RecordView::TokenPrefix {
+                trajectory,
+                request,
+                prefix,
+                tokens,
+            } => Record::TokenPrefix {
+                trajectory: (*trajectory).to_owned(),
+                request: (*request).to_owned(),
+                prefix: *prefix,
+                tokens: tokens.clone(),
+            },
+        }
+    }
+}
+
+/// Decodes one frame payload (all of it) as a record view borrowing from `payload`.
+pub(super) fn decode_view(payload: &[u8]) -> Result<RecordView<'_>, bincode::error::DecodeError> {
+    let config = bincode::config::standard().with_limit::<{ MAX_RECORD_BYTES as usize }>();
+    let (record, used) = bincode::serde::borrow_decode_from_slice(payload, config)?;
+    if used != payload.len() {
+        return Err(bincode::error::DecodeError::OtherString(format!(
+            "{} trailing bytes after the record",
+            payload.len() - used
+        )));
+    }
+    Ok(record)
+}
+
 /// Id of a record: the byte offset of its frame in the log file.
 ///
 /// Stable for the life of the file (the log is append-only and a reopen only drops damaged frames
@@ -87,6 +167,35 @@ mod tests {
         assert_eq!(d.len(), 64);
         assert_eq!(d, blake3::hash(b"abc").to_hex().as_str());
         assert_ne!(d, record_digest(b"abd"));
+    }
+
+    #[test]
+    fn the_view_encodes_and_decodes_like_the_record() {
+        let config = bincode::config::standard();
+        let records = [
+            Record::Boundary {
+                trajectory: "traj-1".into(),
+                prefix: 300,
+                context: vec![0, 1, 0xff, 7],
+            },
+            Record::TokenPrefix {
+                trajectory: "t".into(),
+                request: "req".into(),
+                prefix: 2,
+                tokens: vec![1, 70_000, u32::MAX],
+            },
+        ];
+        for r in records {
+            let bytes = bincode::serde::encode_to_vec(&r, config).unwrap();
+            let view = decode_view(&bytes).unwrap();
+            assert_eq!(view.to_record(), r);
+            assert_eq!(view.trajectory(), r.trajectory());
+            assert_eq!(view.prefix(), r.prefix());
+            assert_eq!(bincode::serde::encode_to_vec(&view, config).unwrap(), bytes);
+            let mut long = bytes.clone();
+            long.push(0);
+            assert!(decode_view(&long).is_err(), "trailing bytes are refused");
+        }
     }
 
     #[test]

@@ -1,20 +1,15 @@
 //! The daemon's services for rollout clients (`libbelayer`, the Python package): the
-//! per-sandbox checkpoint policy behind [`Request::MaybeCheckpoint`](belayer_ipc::Request),
-//! the per-trajectory context logs behind `ContextAppend`/`ContextLookup`, and the event bus
-//! behind `Subscribe`.
+//! per-sandbox checkpoint policy behind [`Request::MaybeCheckpoint`](belayer_ipc::Request)
+//! and the event bus behind `Subscribe` (the context logs behind `ContextAppend` /
+//! `ContextLookup` are [`super::contexts`]).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use belayer_ipc::{
-    CheckpointInfo, ContextEntry, DecisionInfo, ErrorCode, ErrorReply, Event,
-    MaybeCheckpointRequest, PolicySpec,
-};
+use belayer_ipc::{CheckpointInfo, DecisionInfo, Event, MaybeCheckpointRequest, PolicySpec};
 
-use crate::context::{record_digest, ContextLog, ContextLogError, Record};
 use crate::policy::{Decision, FailureModel, Policy, PolicyConfig, PolicyError, PolicyKind};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -213,187 +208,6 @@ impl Policies {
     }
 }
 
-/// Why a context request failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ContextError {
-    /// The trajectory id is not `[A-Za-z0-9._-]{1,128}` (or starts with a dot).
-    #[error("invalid trajectory id {0:?}")]
-    InvalidTrajectory(String),
-    /// The log failed.
-    #[error(transparent)]
-    Log(#[from] ContextLogError),
-    /// Creating the logs' directory failed.
-    #[error("cannot create context log dir {path}")]
-    CreateDir {
-        /// Directory.
-        path: PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// No such record.
-    #[error("no context for trajectory {trajectory} at {}", .prefix.map_or("the latest boundary".to_owned(), |k| format!("prefix {k}")))]
-    NotFound {
-        /// Trajectory id.
-        trajectory: String,
-        /// Prefix asked for.
-        prefix: Option<u64>,
-    },
-}
-
-impl ContextError {
-    /// Protocol error code.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            ContextError::InvalidTrajectory(_) => ErrorCode::BadRequest,
-            ContextError::NotFound { .. } => ErrorCode::NotFound,
-            ContextError::Log(ContextLogError::RecordTooLarge { .. }) => ErrorCode::BadRequest,
-            _ => ErrorCode::Internal,
-        }
-    }
-
-    /// The error as a reply.
-    pub fn reply(&self) -> ErrorReply {
-        let mut message = self.to_string();
-        let mut cur = std::error::Error::source(self);
-        while let Some(s) = cur {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            cur = s.source();
-        }
-        ErrorReply {
-            code: self.code(),
-            message,
-        }
-    }
-}
-
-/// The per-trajectory context logs under `<state dir>/contexts/<trajectory>.ctxlog`, opened
-/// on first use and kept open (each holds its file's lock).
-#[derive(Debug)]
-pub struct ContextLogs {
-    dir: PathBuf,
-    logs: Mutex<HashMap<String, ContextLog>>,
-}
-
-fn valid_trajectory(t: &str) -> bool {
-    !t.is_empty()
-        && t.len() <= 128
-        && !t.starts_with('.')
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
-
-impl ContextLogs {
-    /// Logs kept under `state_dir/contexts`.
-    pub fn new(state_dir: &Path) -> Self {
-        ContextLogs {
-            dir: state_dir.join("contexts"),
-            logs: Mutex::new(HashMap::new()),
-        }
-    }
-
-    fn path(&self, trajectory: &str) -> PathBuf {
-        self.dir.join(format!("{trajectory}.ctxlog"))
-    }
-
-    fn with_log<T>(
-        &self,
-        trajectory: &str,
-        create: bool,
-        f: impl FnOnce(&mut ContextLog) -> Result<T, ContextError>,
-        missing: impl FnOnce() -> ContextError,
-    ) -> Result<T, ContextError> {
-        if !valid_trajectory(trajectory) {
-            return Err(ContextError::InvalidTrajectory(trajectory.to_owned()));
-        }
-        let mut logs = lock(&self.logs);
-        if !logs.contains_key(trajectory) {
-            let path = self.path(trajectory);
-            if !create && !path.exists() {
-                return Err(missing());
-            }
-            std::fs::create_dir_all(&self.dir).map_err(|source| ContextError::CreateDir {
-                path: self.dir.clone(),
-                source,
-            })?;
-            let (log, recovery) = ContextLog::open(&path)?;
-            if recovery.truncated_bytes > 0 {
-                tracing::warn!(
-                    trajectory,
-                    truncated = recovery.truncated_bytes,
-                    "context log tail cut"
-                );
-            }
-            logs.insert(trajectory.to_owned(), log);
-        }
-        let log = logs
-            .get_mut(trajectory)
-            .ok_or_else(|| ContextError::InvalidTrajectory(trajectory.to_owned()))?;
-        f(log)
-    }
-
-    /// Appends the context of `trajectory` at boundary `prefix` (durable on return).
-    pub fn append(
-        &self,
-        trajectory: &str,
-        prefix: u64,
-        context: Vec<u8>,
-    ) -> Result<ContextEntry, ContextError> {
-        self.with_log(
-            trajectory,
-            true,
-            |log| {
-                let digest = record_digest(&context);
-                let id = log.append(&Record::Boundary {
-                    trajectory: trajectory.to_owned(),
-                    prefix,
-                    context: context.clone(),
-                })?;
-                Ok(ContextEntry {
-                    trajectory: trajectory.to_owned(),
-                    prefix,
-                    context,
-                    record: id.0,
-                    digest,
-                })
-            },
-            || ContextError::InvalidTrajectory(trajectory.to_owned()),
-        )
-    }
-
-    /// The context of `trajectory` at `prefix` (`None`: its latest boundary).
-    pub fn lookup(
-        &self,
-        trajectory: &str,
-        prefix: Option<u64>,
-    ) -> Result<ContextEntry, ContextError> {
-        let not_found = || ContextError::NotFound {
-            trajectory: trajectory.to_owned(),
-            prefix,
-        };
-        self.with_log(
-            trajectory,
-            false,
-            |log| {
-                let (k, context) = match prefix {
-                    Some(k) => (k, log.boundary(trajectory, k).ok_or_else(not_found)?),
-                    None => log.latest_boundary(trajectory).ok_or_else(not_found)?,
-                };
-                let record = log.boundary_id(trajectory, k).ok_or_else(not_found)?.0;
-                Ok(ContextEntry {
-                    trajectory: trajectory.to_owned(),
-                    prefix: k,
-                    context: context.to_vec(),
-                    record,
-                    digest: record_digest(context),
-                })
-            },
-            not_found,
-        )
-    }
-}
-
 /// The `CheckpointReady` event of a published checkpoint.
 pub fn checkpoint_ready(info: &CheckpointInfo) -> Event {
     Event::CheckpointReady {
@@ -455,29 +269,6 @@ mod tests {
         // A restore (new instance) starts over.
         assert_eq!(policies.decide(&req, 1).unwrap().decision.regen_cost_s, 2.0);
         assert_eq!(decision_info(&d1.decision).reason, "never");
-    }
-
-    #[test]
-    fn context_logs_append_and_look_up_per_trajectory() {
-        let dir = tempfile::tempdir().unwrap();
-        let logs = ContextLogs::new(dir.path());
-        assert_eq!(
-            logs.lookup("t1", None).unwrap_err().code(),
-            ErrorCode::NotFound
-        );
-        logs.append("t1", 1, b"one".to_vec()).unwrap();
-        let two = logs.append("t1", 2, b"two".to_vec()).unwrap();
-        assert_eq!(logs.lookup("t1", Some(1)).unwrap().context, b"one");
-        let latest = logs.lookup("t1", None).unwrap();
-        assert_eq!((latest.prefix, latest.record), (2, two.record));
-        assert_eq!(
-            logs.lookup("t1", Some(9)).unwrap_err().code(),
-            ErrorCode::NotFound
-        );
-        assert_eq!(
-            logs.append("../x", 1, vec![]).unwrap_err().code(),
-            ErrorCode::BadRequest
-        );
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::fs;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::rollout_api::{ContextLogs, EventBus, Policies};
+use super::contexts::{ContextLimits, ContextLogs};
+use super::rollout_api::{EventBus, Policies};
 use super::{Agent, DUMP_STAGE_DIR, KDAT_DIR};
 use crate::cgroup::CgroupLayout;
 use crate::config::Config;
@@ -137,7 +138,7 @@ impl Agent {
                 })?;
         let images = ImageStore::open(&config.state_dir)?;
         let helper = crate::helper::image::HelperImage::beside_current_exe()?;
-        let contexts = ContextLogs::new(&config.state_dir);
+        let contexts = ContextLogs::open(&config.state_dir, ContextLimits::from_config(&config));
         let tracer =
             crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
         let stage = match config.dump_stage_bytes {

@@ -352,7 +352,14 @@ impl Router {
     /// Longest persisted token prefix of request `rid`.
     pub fn persisted_prefix(&self, rid: &str) -> Option<Vec<u32>> {
         let log = self.log.as_ref()?.lock().unwrap_or_else(|e| e.into_inner());
-        log.longest_token_prefix(rid, rid).map(<[u32]>::to_vec)
+        match log.longest_token_prefix(rid, rid) {
+            Ok(tokens) => tokens,
+            Err(e) => {
+                // Resuming from the start is correct, only slower.
+                tracing::warn!(rid, error = %e, "reading the persisted token prefix failed");
+                None
+            }
+        }
     }
 
     /// Streams one engine response into `sink`, forwarding only the next expected index while
@@ -746,7 +753,10 @@ mod tests {
         assert_eq!(r.persisted_prefix("r2"), None);
         drop(r);
         let (log, _) = ContextLog::open(&path).unwrap();
-        assert_eq!(log.longest_token_prefix("r1", "r1").unwrap(), &[1, 2, 3, 4]);
+        assert_eq!(
+            log.longest_token_prefix("r1", "r1").unwrap().unwrap(),
+            [1, 2, 3, 4]
+        );
     }
 
     #[test]

@@ -281,7 +281,7 @@ impl Run<'_> {
             }
         }
         if k > 0 {
-            let logged = self.log.boundary(&self.traj.name, k).map(<[u8]>::to_vec);
+            let logged = self.log.boundary(&self.traj.name, k)?;
             if logged.as_deref() != Some(r.context.as_slice()) || r.context != self.context(k) {
                 self.stats.validity_errors.push(format!(
                     "{} k={k}: restored L_k differs from the log",
