@@ -229,7 +229,11 @@ pub fn restore(
         path: upper.clone(),
         source,
     })?;
-    let (verified, materialized) = std::thread::scope(|scope| {
+    let (verified, materialized, netns) = std::thread::scope(|scope| {
+        // R_k's network namespace, made meanwhile (it takes a thread and ~1 ms).
+        let netns = manifest
+            .is_some()
+            .then(|| scope.spawn(|| sys::new_netns(rec.userns.is_some())));
         let verifier = scope.spawn(|| {
             let t_verify = Instant::now();
             let result = match (&manifest, &layer) {
@@ -251,7 +255,16 @@ pub fn restore(
         let verified = verifier
             .join()
             .unwrap_or_else(|_| (Err(RestoreError::VerifierPanicked { id: id.clone() }), 0.0));
-        (verified, materialized)
+        let netns = netns.map(|made| {
+            made.join().unwrap_or_else(|_| {
+                Err(sys::SyscallError::new(
+                    "unshare",
+                    "CLONE_NEWNET (thread panicked)",
+                    nix::errno::Errno::EINVAL,
+                ))
+            })
+        });
+        (verified, materialized, netns)
     });
     t.verify = verified.1;
     let discard = |e: RestoreError| {
@@ -326,11 +339,14 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
-            let netns =
-                sys::new_netns(rec.userns.is_some()).map_err(|source| RestoreError::Netns {
-                    id: id.clone(),
-                    source,
-                })?;
+            let netns = match netns {
+                Some(made) => made,
+                None => sys::new_netns(rec.userns.is_some()),
+            }
+            .map_err(|source| RestoreError::Netns {
+                id: id.clone(),
+                source,
+            })?;
             let cgroup_dirs = instance
                 .cgroup()
                 .procs_files()
