@@ -31,6 +31,7 @@ pub struct DumpRequest {
     manage_cgroups: bool,
     network_lock: Option<NetworkLock>,
     timeout_s: Option<u32>,
+    time_limit: Option<std::time::Duration>,
     action_script: Option<PathBuf>,
     netns: Option<PathBuf>,
     cgroupns: Option<PathBuf>,
@@ -110,6 +111,17 @@ pub enum DumpError {
         /// The end of CRIU's log, and its path.
         log: LogTail,
     },
+    /// `criu dump` ran past its [`DumpRequest::time_limit`] and was killed; the tree is no
+    /// longer traced (it may have died meanwhile, which is what usually stalls CRIU).
+    #[error("criu dump of pid {pid} killed after its {limit:?} time limit: {log}")]
+    TimedOut {
+        /// The root task dumped.
+        pid: i32,
+        /// The limit.
+        limit: std::time::Duration,
+        /// The end of CRIU's log, and its path.
+        log: LogTail,
+    },
     /// The dump succeeded but its images could not be measured.
     #[error("cannot measure images in {}", path.display())]
     MeasureImages {
@@ -143,6 +155,7 @@ impl DumpRequest {
             manage_cgroups: false,
             network_lock: None,
             timeout_s: None,
+            time_limit: None,
             action_script: None,
             netns: None,
             cgroupns: None,
@@ -205,6 +218,16 @@ impl DumpRequest {
     /// CRIU's default (iptables). [`NetworkLock::Skip`] for sandboxes without network.
     pub fn network_lock(mut self, lock: Option<NetworkLock>) -> Self {
         self.network_lock = lock;
+        self
+    }
+
+    /// Wall-clock limit on the whole `criu dump` run: past it the process is killed (which
+    /// ends its ptrace of the tree) and the dump fails with [`DumpError::TimedOut`]. CRIU's own
+    /// `--timeout` covers only freezing and seizing; a tree that dies while seized (a pid
+    /// namespace init killed while CRIU waits for it to trap, its last child a zombie only
+    /// CRIU may reap) leaves CRIU and the init waiting on each other forever. `None`: no limit.
+    pub fn time_limit(mut self, limit: Option<std::time::Duration>) -> Self {
+        self.time_limit = limit;
         self
     }
 
@@ -362,6 +385,7 @@ impl DumpRequest {
         Ok(ChildSetup {
             netns,
             cgroupns,
+            time_limit: self.time_limit,
             ..ChildSetup::default()
         })
     }
@@ -385,6 +409,15 @@ impl DumpRequest {
 
     /// Turns a finished `criu dump` run into stats, or its failure into a [`DumpError`].
     pub(crate) fn finish(&self, done: run::Finished) -> Result<DumpStats, DumpError> {
+        if let Some(limit) = done.killed_after {
+            let log = LogTail::collect(&self.log_path(), &done.stderr);
+            tracing::warn!(pid = self.pid, ?limit, %log, "criu dump killed at its time limit");
+            return Err(DumpError::TimedOut {
+                pid: self.pid,
+                limit,
+                log,
+            });
+        }
         if !done.status.success() {
             let log = LogTail::collect(&self.log_path(), &done.stderr);
             tracing::debug!(pid = self.pid, status = %done.status, %log, "criu dump failed");

@@ -35,6 +35,7 @@ pub struct RestoreRequest {
     join_cgroups: Vec<PathBuf>,
     netns: Option<PathBuf>,
     new_cgroupns: bool,
+    time_limit: Option<std::time::Duration>,
     log_level: LogLevel,
 }
 
@@ -154,6 +155,7 @@ impl RestoreRequest {
             join_cgroups: Vec::new(),
             netns: None,
             new_cgroupns: false,
+            time_limit: None,
             log_level: LogLevel::default(),
         }
     }
@@ -164,6 +166,14 @@ impl RestoreRequest {
     /// lives in a cgroup namespace rooted at its fresh cgroup.
     pub fn new_cgroupns(mut self, on: bool) -> Self {
         self.new_cgroupns = on;
+        self
+    }
+
+    /// Wall-clock limit on the whole `criu restore` run: past it the process is killed and the
+    /// restore fails with [`RestoreError::Restore`] (status: killed by signal 9); whatever it
+    /// had restored is left in the joined cgroups, for the caller to kill. `None`: no limit.
+    pub fn time_limit(mut self, limit: Option<std::time::Duration>) -> Self {
+        self.time_limit = limit;
         self
     }
 
@@ -353,6 +363,7 @@ impl Criu {
             netns,
             cgroups,
             new_cgroupns: req.new_cgroupns,
+            time_limit: req.time_limit,
             ..ChildSetup::default()
         };
         let done =

@@ -1,7 +1,7 @@
 //! Running the `criu` binary once: arguments in, exit status, output and wall time out.
 
 use std::ffi::{CString, OsString};
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -27,6 +27,8 @@ pub(crate) struct ChildSetup {
     /// After joining [`Self::cgroups`], unshare a cgroup namespace rooted there: the restored
     /// tree is born in it, as the dumped tree lived in one rooted at its own cgroup.
     pub new_cgroupns: bool,
+    /// Kill the run (`SIGKILL`) once it has taken this long (not used by the child).
+    pub time_limit: Option<Duration>,
 }
 
 /// Opens the namespace file at `path` (for [`ChildSetup::netns`], [`ChildSetup::cgroupns`]),
@@ -43,6 +45,8 @@ pub(crate) struct Finished {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// `Some(limit)` when the run was killed at its [`ChildSetup::time_limit`].
+    pub killed_after: Option<Duration>,
 }
 
 impl Finished {
@@ -52,11 +56,13 @@ impl Finished {
     }
 }
 
-/// Runs `criu args...` to completion with stdin on /dev/null and stdout/stderr captured.
+/// Runs `criu args...` to completion with stdin on /dev/null and stdout/stderr captured; a run
+/// that outlives `setup.time_limit` is killed with `SIGKILL` (and reaped) at that point.
 ///
 /// Errors: only when the process cannot be started (or waited for); a non-zero exit is a
 /// [`Finished`] with that status.
-pub(crate) fn run(criu: &Path, args: &[OsString], setup: ChildSetup) -> io::Result<Finished> {
+pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::Result<Finished> {
+    let limit = setup.time_limit.take();
     let mut cmd = Command::new(criu);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -85,16 +91,57 @@ pub(crate) fn run(criu: &Path, args: &[OsString], setup: ChildSetup) -> io::Resu
             sys::child_mark_fds_cloexec()
         });
     }
-    tracing::debug!(criu = %criu.display(), ?args, "running criu");
+    tracing::debug!(criu = %criu.display(), ?args, ?limit, "running criu");
     let started = Instant::now();
-    let output = cmd.output()?;
-    let elapsed = started.elapsed();
-    Ok(Finished {
+    let Some(limit) = limit else {
+        let output = cmd.output()?;
+        return Ok(finished(output, started.elapsed(), None));
+    };
+    let mut child = cmd.spawn()?;
+    // Both pipes are drained meanwhile, so a chatty CRIU never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    // The pidfd is opened while the child is unreaped, so it names that process.
+    let pidfd = sys::pidfd_open(child.id() as i32);
+    let killed_after = match pidfd {
+        Ok(pidfd) if !sys::pidfd_wait_until(pidfd.as_fd(), started + limit) => {
+            let _ = child.kill();
+            Some(limit)
+        }
+        Ok(_) => None,
+        // No pidfd (a kernel before 5.3): no limit, as before.
+        Err(_) => None,
+    };
+    let status = child.wait()?;
+    let output = std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    };
+    Ok(finished(output, started.elapsed(), killed_after))
+}
+
+fn finished(
+    output: std::process::Output,
+    elapsed: Duration,
+    killed_after: Option<Duration>,
+) -> Finished {
+    Finished {
         status: output.status,
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         elapsed,
-    })
+        killed_after,
+    }
 }
 
 /// Appends `name` and `value` as two arguments (`--images-dir /ck/img`).

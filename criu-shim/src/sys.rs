@@ -142,6 +142,36 @@ pub(crate) fn child_private_bind(source: &CStr, target: &CStr) -> io::Result<()>
     .map_err(err)
 }
 
+/// `pidfd_open(pid, 0)`: a descriptor that becomes readable when the process `pid` exits.
+/// Errors: the errno (`ESRCH`: no such process; `ENOSYS`: a kernel before 5.3).
+pub(crate) fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// Waits until the process behind `pidfd` exits or `deadline` passes; returns whether it
+/// exited. Polls the descriptor (no busy wait; restarts after signals).
+pub(crate) fn pidfd_wait_until(pidfd: BorrowedFd<'_>, deadline: std::time::Instant) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => return true,
+            Ok(_) if left.is_zero() => return false,
+            Ok(_) | Err(Errno::EINTR) => continue,
+            // A descriptor poll refuses: treat as exited (the caller then reaps it).
+            Err(_) => return true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -703,3 +703,50 @@ fn restore_without_sibling_reparents_to_the_subreaper() {
     assert_running(restored.pid);
     counter.kill_and_reap();
 }
+
+#[test]
+fn a_dump_past_its_time_limit_is_killed_and_lets_the_tree_go() {
+    let Some(criu) = criu_or_skip("a_dump_past_its_time_limit_is_killed_and_lets_the_tree_go")
+    else {
+        return;
+    };
+    let d = dirs();
+    let counter = Counter::spawn(&d.root, None);
+    let pid = counter.pid;
+    // The script stalls CRIU at post-dump, while it still holds the tree seized and stopped.
+    let script = d.root.join("stall.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exec sleep 60\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let limit = Duration::from_secs(2);
+    let req = DumpRequest::new(pid, &d.images, d.root.join("dump-work"))
+        .leave_running(true)
+        .action_script(Some(script))
+        .time_limit(Some(limit));
+    let started = Instant::now();
+    let err = criu.dump(&req).expect_err("stalled past its limit");
+    let took = started.elapsed();
+    println!("expected failure after {took:?}: {err}");
+    assert!(
+        matches!(&err, DumpError::TimedOut { pid: p, limit: l, .. } if *p == pid && *l == limit),
+        "{err:?}"
+    );
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(5),
+        "{took:?}"
+    );
+    // The tree is no longer traced, and it runs on.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(proc_status_field(pid, "TracerPid:").as_deref(), Some("0"));
+    assert_running(pid);
+    let before = counter.read().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = counter.read().unwrap();
+    assert!(
+        after > before,
+        "the tree stays stopped: {before} then {after}"
+    );
+}

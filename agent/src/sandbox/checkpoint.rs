@@ -257,7 +257,10 @@ fn take(
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
         .file_locks(true)
-        .network_lock(Some(NetworkLock::Skip));
+        .network_lock(Some(NetworkLock::Skip))
+        .time_limit(Some(super::criu_time_limit(
+            cgroup.memory_current().unwrap_or(0),
+        )));
     let dump = dump.action_script(fault_during_dump(req.fault, &work)?);
 
     // Frozen window: F_k and R_k at the same action boundary. CRIU starts first and calls

@@ -436,3 +436,14 @@ impl SandboxSlot {
         }
     }
 }
+
+/// Wall-clock limit on one CRIU run that moves `bytes` of memory (the sandbox's charged
+/// memory for a dump, the CRIU images for a restore): 60 s plus 4 s per GiB, far above what
+/// a healthy run takes (≈1 s per GiB here) and far below forever. A run past it is killed
+/// (see `belayer_criu::DumpRequest::time_limit`): a tree that dies while CRIU holds it
+/// otherwise stalls CRIU and the sandbox's operation lock for good.
+pub(crate) fn criu_time_limit(bytes: u64) -> std::time::Duration {
+    const BASE_S: u64 = 60;
+    const PER_GIB_S: u64 = 4;
+    std::time::Duration::from_secs(BASE_S + (bytes >> 30).saturating_mul(PER_GIB_S))
+}

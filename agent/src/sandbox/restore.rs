@@ -363,7 +363,10 @@ pub fn restore(
                     std::os::fd::AsRawFd::as_raw_fd(&netns)
                 ))
                 .join_cgroups(cgroup_dirs)
-                .new_cgroupns(true);
+                .new_cgroupns(true)
+                .time_limit(Some(super::criu_time_limit(
+                    m.criu.iter().map(|a| a.bytes).sum(),
+                )));
             let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
                 id: id.clone(),
                 source,
