@@ -45,16 +45,7 @@ impl SyscallError {
 pub type SysResult<T> = Result<T, SyscallError>;
 
 /// `err` and its chain of sources, joined with `": "` (for error replies and reports).
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use belayer_ipc::error_chain;
 
 /// Closes every fd from `first` to `last` inclusive (`close_range(first, last, 0)`).
 pub fn close_range(first: u32, last: u32) -> SysResult<()> {

@@ -86,6 +86,7 @@
 //! - `nix`: mounts, `unshare`, `statfs` and `write` for the kdat cache and for joining cgroups
 //!   between fork and exec, `openat2` for the image path check, with typed errnos.
 //! - `libc`: `close_range(CLOSE_RANGE_CLOEXEC)`, which `nix` lacks, so no caller fd leaks into CRIU.
+//! - `rustix`: `pidfd_open`, which `nix` lacks, to wait for a CRIU run with a time limit.
 //! - `thiserror`: the error enums. `tracing`: debug events per CRIU run (library: no subscriber).
 //! - `tar`, `flate2`: reading the gzip'd tmpfs archives of an images dir to check their members
 //!   and to model the tmpfs for later path checks (the same crates the agent uses for layers).

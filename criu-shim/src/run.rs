@@ -111,7 +111,9 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
     let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
     let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
     // The pidfd is opened while the child is unreaped, so it names that process.
-    let pidfd = sys::pidfd_open(child.id() as i32);
+    let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
+        .ok_or(rustix::io::Errno::SRCH)
+        .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()));
     let killed_after = match pidfd {
         Ok(pidfd) if !sys::pidfd_wait_until(pidfd.as_fd(), started + limit) => {
             let _ = child.kill();

@@ -142,18 +142,6 @@ pub(crate) fn child_private_bind(source: &CStr, target: &CStr) -> io::Result<()>
     .map_err(err)
 }
 
-/// `pidfd_open(pid, 0)`: a descriptor that becomes readable when the process `pid` exits.
-/// Errors: the errno (`ESRCH`: no such process; `ENOSYS`: a kernel before 5.3).
-pub(crate) fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
-}
-
 /// Waits until the process behind `pidfd` exits or `deadline` passes; returns whether it
 /// exited. Polls the descriptor (no busy wait; restarts after signals).
 pub(crate) fn pidfd_wait_until(pidfd: BorrowedFd<'_>, deadline: std::time::Instant) -> bool {

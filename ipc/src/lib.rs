@@ -99,8 +99,9 @@ pub use transport::{
     WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE, MAX_REQUEST_FDS,
 };
 
-/// `err` and its chain of sources, joined with `": "` (for error replies and log fields).
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+/// `err` and its chain of sources, joined with `": "` (for error replies, reports and log
+/// fields).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

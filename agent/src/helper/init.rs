@@ -143,17 +143,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
     }
 }
 
-/// `err` and its sources, joined by `: `.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut cur = err.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
-}
+pub(crate) use crate::sys::error_chain;
 
 /// Joins the user namespace `userns` and becomes its root (uid and gid 0, no supplementary
 /// groups). Afterwards the process has every capability inside that namespace and none

@@ -417,7 +417,7 @@ fn serve_connection(shared: &Shared, conn: u64, stream: &UnixStream) {
             Ok((envelope, _)) => envelope,
             Err(err) if err.is_disconnect() => break,
             Err(err) => {
-                let message = belayer_ipc_error_chain(&err);
+                let message = crate::sys::error_chain(&err);
                 warn!(conn, pid = peer.pid, error = %message, "bad frame; answering BadRequest and closing");
                 let _ = send_message(
                     stream,
@@ -454,17 +454,6 @@ fn serve_connection(shared: &Shared, conn: u64, stream: &UnixStream) {
     if !released.is_empty() {
         info!(conn, pid = peer.pid, attachments = ?released, "connection closed; leases released");
     }
-}
-
-fn belayer_ipc_error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn handle(shared: &Shared, conn: u64, peer: &PeerCred, request: MemRequest) -> Outcome {
@@ -657,7 +646,7 @@ fn flush(shared: &Shared, conn: u64, region: &str) -> MemResponse {
                 bytes,
             }
         }
-        Err(err) => error(MemErrorCode::Internal, belayer_ipc_error_chain(&err)),
+        Err(err) => error(MemErrorCode::Internal, crate::sys::error_chain(&err)),
     }
 }
 
