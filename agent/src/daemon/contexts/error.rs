@@ -11,7 +11,8 @@ use crate::context::ContextLogError;
 #[derive(Debug, thiserror::Error)]
 pub enum ContextError {
     /// The trajectory id is not `<name>` or `<name>@<uid>` with a name of
-    /// `[A-Za-z0-9._-]{1,128}` not starting with a dot.
+    /// `[A-Za-z0-9._-]{1,128}` not starting with a dot. Holds at most the id's first
+    /// [`ContextError::QUOTED_ID_CHARS`] characters (see [`ContextError::invalid`]).
     #[error(
         "invalid trajectory id {0:?}: expected a name of [A-Za-z0-9._-] (1 to 128, not starting \
          with a dot), optionally followed by @<uid>"
@@ -89,6 +90,21 @@ pub enum ContextError {
         /// Prefix asked for.
         prefix: Option<u64>,
     },
+}
+
+impl ContextError {
+    /// Characters of a refused trajectory id quoted in its error.
+    pub const QUOTED_ID_CHARS: usize = 160;
+
+    /// [`ContextError::InvalidTrajectory`] quoting at most the first
+    /// [`Self::QUOTED_ID_CHARS`] characters of `id` (a client may send megabytes of it).
+    pub fn invalid(id: &str) -> Self {
+        let mut quoted: String = id.chars().take(Self::QUOTED_ID_CHARS).collect();
+        if quoted.len() < id.len() {
+            quoted.push('…');
+        }
+        ContextError::InvalidTrajectory(quoted)
+    }
 }
 
 impl ContextError {

@@ -167,8 +167,7 @@ impl ContextLogs {
         prefix: u64,
         context: Vec<u8>,
     ) -> Result<ContextEntry, ContextError> {
-        let id = names::parse(trajectory)
-            .ok_or_else(|| ContextError::InvalidTrajectory(trajectory.to_owned()))?;
+        let id = names::parse(trajectory).ok_or_else(|| ContextError::invalid(trajectory))?;
         let owner = id.owner.unwrap_or(caller.cred.uid);
         if !may_act_on(caller, owner) {
             return Err(ContextError::ForeignNamespace {
@@ -221,8 +220,7 @@ impl ContextLogs {
             trajectory: trajectory.to_owned(),
             prefix,
         };
-        let id = names::parse(trajectory)
-            .ok_or_else(|| ContextError::InvalidTrajectory(trajectory.to_owned()))?;
+        let id = names::parse(trajectory).ok_or_else(|| ContextError::invalid(trajectory))?;
         let owner = id.owner.unwrap_or(caller.cred.uid);
         if !may_act_on(caller, owner) {
             return Err(not_found());

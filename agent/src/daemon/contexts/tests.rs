@@ -432,3 +432,14 @@ fn a_log_made_behind_the_table_is_taken_over_and_charged() {
         before + TRAJECTORY_CHARGE + late + 2 * RECORD_CHARGE
     );
 }
+
+#[test]
+fn a_huge_invalid_id_is_quoted_only_in_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = ContextLogs::open(dir.path(), limits());
+    let id = "é".repeat(100_000);
+    let (code, message) = err(logs.lookup(&caller(PEER), &id, None));
+    assert_eq!(code, ErrorCode::BadRequest, "{message}");
+    assert!(message.len() < 1024, "{} bytes", message.len());
+    assert!(message.contains(&"é".repeat(ContextError::QUOTED_ID_CHARS)));
+}
