@@ -29,8 +29,11 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 IMAGES="$CACHE/images"
 # Bump a *_RECIPE when the matching image build changes: cached images with another stamp are rebuilt.
 BUSYBOX_RECIPE=1
-PYTHON_RECIPE=1
+PYTHON_RECIPE=2
 PYTHON_SUITE=bookworm
+# What agents run in the python image besides python3: terminals (tmux, vim, script), inotify
+# tools and ps; the process-state tests (tests/tests/states_*.rs) drive each of them.
+PYTHON_PACKAGES=python3,tmux,vim-tiny,inotify-tools,procps
 BUSYBOX_ROOTFS="$IMAGES/busybox/rootfs"
 PYTHON_ROOTFS="$IMAGES/bookworm-python/rootfs"
 PYTHON_TARBALL="$IMAGES/bookworm-python.tar.zst"
@@ -362,9 +365,9 @@ debootstrap_progress() {
     }' >&2 || true
 }
 
-# Debian bookworm (minbase + python3) made by debootstrap, cached as a dir and as a tarball.
+# Debian bookworm (minbase + $PYTHON_PACKAGES) made by debootstrap, cached as a dir and as a tarball.
 build_python_image() {
-  local stamp="recipe=$PYTHON_RECIPE suite=$PYTHON_SUITE"
+  local stamp="recipe=$PYTHON_RECIPE suite=$PYTHON_SUITE packages=$PYTHON_PACKAGES"
   if [ -x "$PYTHON_ROOTFS/usr/bin/python3" ] && stamp_matches "$IMAGES/bookworm-python/stamp" "$stamp"; then
     if ! stamp_matches "$PYTHON_TARBALL.stamp" "$stamp" || [ ! -f "$PYTHON_TARBALL" ]; then
       pack_python_tarball "$PYTHON_ROOTFS" "$stamp"
@@ -384,7 +387,7 @@ build_python_image() {
     local mirror start=$SECONDS dlog="$CACHE/debootstrap.log"
     mirror=$(debian_mirror)
     log "image: debootstrap $PYTHON_SUITE minbase + python3 from $mirror (a few minutes; log: $dlog)"
-    if ! debootstrap --variant=minbase --include=python3 "$PYTHON_SUITE" "$root" "$mirror" 2>&1 \
+    if ! debootstrap --variant=minbase --include="$PYTHON_PACKAGES" "$PYTHON_SUITE" "$root" "$mirror" 2>&1 \
         | tee "$dlog" | debootstrap_progress; then
       tail -20 "$dlog" >&2
       die "debootstrap failed (log: $dlog)"

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod peer;
+pub mod states;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
