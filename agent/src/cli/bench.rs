@@ -51,6 +51,9 @@ pub enum BenchCmd {
     /// Checkpoint/restore side by side on the same workloads: Belayer, a hand-rolled
     /// unshare + overlayfs + tar + CRIU sandbox, and runc.
     Capture(super::bench_capture::CaptureArgs),
+    /// Load under failures: 64 sandboxes × 20 steps with a checkpoint after each, a host
+    /// SIGKILL + restore every 5th step and `belayerd` killed -9 twice (its own daemon).
+    Load(super::bench_load::LoadArgs),
 }
 
 /// Medians of one workload, milliseconds.
@@ -228,6 +231,7 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
         BenchCmd::Tracer(args) => return crate::trace::bench::run(&args, json),
         BenchCmd::Handover(args) => return crate::handover::bench::run(&args, json),
         BenchCmd::Capture(args) => return super::bench_capture::run(socket, &args, json),
+        BenchCmd::Load(args) => return super::bench_load::run(&args, json),
     };
     if runs == 0 {
         bail!("--runs must be at least 1");

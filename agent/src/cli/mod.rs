@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod bench_capture;
+pub mod bench_load;
 pub mod embedded;
 pub mod output;
 
