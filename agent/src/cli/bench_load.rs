@@ -51,6 +51,9 @@ pub struct LoadArgs {
     /// The `belayerd` binary (default: the one next to this `belayer`).
     #[arg(long)]
     belayerd: Option<PathBuf>,
+    /// Keep the run's dir (daemon log, state) instead of deleting it at the end.
+    #[arg(long)]
+    keep: bool,
 }
 
 /// Counts of one run, as printed and as JSON.
@@ -201,7 +204,11 @@ pub fn run(args: &LoadArgs, json: bool) -> Result<i32> {
     let dir = crate::config::scratch_state_dir("load");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = run_in(args, &binary, &dir, json);
-    let _ = belayer_overlay::remove_dir_all(&dir);
+    if args.keep {
+        eprintln!("[load] kept {}", dir.display());
+    } else {
+        let _ = belayer_overlay::remove_dir_all(&dir);
+    }
     result
 }
 

@@ -20,6 +20,7 @@ impl Agent {
         let Ok(entries) = fs::read_dir(&dir) else {
             return;
         };
+        let mut ids = Vec::new();
         for e in entries.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
             if id.starts_with(sandbox::remove::TRASH_PREFIX) {
@@ -28,131 +29,137 @@ impl Agent {
                 std::thread::spawn(move || sandbox::remove::delete_sandbox_dir(&path));
                 continue;
             }
-            let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
-            let mut rec = match SandboxRecord::load(&paths) {
-                Ok(r) => r,
-                Err(err) => {
-                    tracing::warn!(sandbox = %id, error = %err, "skipping sandbox with unreadable state");
-                    continue;
-                }
-            };
-            if let Some(range) = rec.userns {
-                self.rt.userns.adopt(range);
-            }
-            // A crash between making an instance's volume and limiting it leaves no limit:
-            // set it again (a limit already there stays: a restore may have lowered it).
-            let inst = paths.instance(rec.instance);
-            if self.rt.quota.is_some() && crate::quota::is_volume(&inst) {
-                let limited = crate::quota::Volume::open(&inst).and_then(|v| match v.usage() {
-                    Ok(u) if u.limit.is_some() => Ok(()),
-                    _ => v.set_limit(rec.spec.disk_max),
-                });
-                if let Err(err) = limited {
-                    tracing::warn!(sandbox = %id, error = %err, "cannot re-apply the disk limit");
-                }
-            }
-            // A checkpoint interrupted by a crash left no trace in the state file (that state
-            // is never written), but maybe a CRIU dump still running and a frozen cgroup: let
-            // the dump finish (it restores the freezer state it found when it exits), thaw,
-            // and discard any unpublished checkpoint (below).
-            if belayer_criu::abort_gated_dump(&paths.criu_work()) {
-                tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
-            }
-            if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
-                // The BPF allow-list stays attached across restarts; put it back if host root
-                // took it away.
-                match cg.ensure_device_filter(self.rt.config.device_filter) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        tracing::warn!(sandbox = %id, "device allow-list was missing; attached again")
-                    }
-                    Err(err) => {
-                        tracing::error!(sandbox = %id, error = %err, "cannot check the device allow-list")
-                    }
-                }
-                if cg.is_frozen().unwrap_or(false) {
-                    if let Some(pid) = rec.init_pid {
-                        wait_for_orphaned_dump(pid, Duration::from_secs(30));
-                    }
-                    if let Err(err) = cg.thaw() {
-                        tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
-                    }
-                }
-            }
-            rec.state = match rec.state {
-                // Written by daemons that persisted transient states.
-                SandboxState::Checkpointing => SandboxState::Running,
-                SandboxState::Restoring => SandboxState::Failed,
-                s => s,
-            };
-            if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
-                match store.discard_unpublished() {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints")
-                    }
-                    Err(err) => {
-                        tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store")
-                    }
-                }
-            }
-            if rec.state == SandboxState::Running && !rec.init_alive() {
-                rec.state = SandboxState::Failed;
-            }
-            // Instances other than the current one are leftovers of a restore the previous
-            // daemon did not finish (or of an old instance it had not deleted yet).
-            let stale: Vec<u32> = fs::read_dir(&paths.dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| {
-                    let name = e.file_name();
-                    name.to_str()?.strip_prefix("inst-")?.parse::<u32>().ok()
-                })
-                .filter(|n| *n != rec.instance)
-                .collect();
-            if !stale.is_empty() {
-                tracing::info!(sandbox = %id, ?stale, "removing stale instances");
-                let paths = paths.clone();
-                std::thread::spawn(move || {
-                    for n in stale {
-                        sandbox::restore::retire_instance(&paths, n);
-                    }
-                });
-            }
-            if let Err(err) = rec.save(&paths) {
-                tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
-            }
-            tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
-            if rec.state == SandboxState::Running {
-                self.rt.tracer.track(&rec);
-            }
-            self.registry()
-                .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
+            ids.push(id);
         }
+        // Sandboxes are adopted in parallel: one caught mid-checkpoint waits for its orphaned
+        // CRIU dump to end (up to 30 s), which must not hold up the others (nor the socket,
+        // which opens after adoption).
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let workers = ids.len().clamp(1, ADOPT_THREADS);
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(id) = ids.get(i) else {
+                        break;
+                    };
+                    self.adopt_one(id.clone());
+                });
+            }
+        });
+    }
+
+    /// Adopts the sandbox `id` of the state dir (see the module docs).
+    fn adopt_one(&self, id: String) {
+        let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
+        let mut rec = match SandboxRecord::load(&paths) {
+            Ok(r) => r,
+            Err(err) => {
+                tracing::warn!(sandbox = %id, error = %err, "skipping sandbox with unreadable state");
+                return;
+            }
+        };
+        if let Some(range) = rec.userns {
+            self.rt.userns.adopt(range);
+        }
+        // A crash between making an instance's volume and limiting it leaves no limit:
+        // set it again (a limit already there stays: a restore may have lowered it).
+        let inst = paths.instance(rec.instance);
+        if self.rt.quota.is_some() && crate::quota::is_volume(&inst) {
+            let limited = crate::quota::Volume::open(&inst).and_then(|v| match v.usage() {
+                Ok(u) if u.limit.is_some() => Ok(()),
+                _ => v.set_limit(rec.spec.disk_max),
+            });
+            if let Err(err) = limited {
+                tracing::warn!(sandbox = %id, error = %err, "cannot re-apply the disk limit");
+            }
+        }
+        // A checkpoint interrupted by a crash left no trace in the state file (that state
+        // is never written), but maybe a CRIU dump still running and a frozen cgroup: let
+        // the dump finish (it restores the freezer state it found when it exits), thaw,
+        // and discard any unpublished checkpoint (below).
+        let dumping = rec.init_pid.is_some_and(dump_running);
+        if dumping && belayer_criu::abort_gated_dump(&paths.criu_work()) {
+            tracing::info!(sandbox = %id, "told an orphaned CRIU dump to abort");
+        }
+        if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+            // The BPF allow-list stays attached across restarts; put it back if host root
+            // took it away.
+            match cg.ensure_device_filter(self.rt.config.device_filter) {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::warn!(sandbox = %id, "device allow-list was missing; attached again")
+                }
+                Err(err) => {
+                    tracing::error!(sandbox = %id, error = %err, "cannot check the device allow-list")
+                }
+            }
+            if cg.is_frozen().unwrap_or(false) {
+                if let Some(pid) = rec.init_pid {
+                    wait_for_orphaned_dump(pid, Duration::from_secs(30));
+                }
+                if let Err(err) = cg.thaw() {
+                    tracing::warn!(sandbox = %id, error = %err, "cannot thaw adopted sandbox");
+                }
+            }
+        }
+        rec.state = match rec.state {
+            // Written by daemons that persisted transient states.
+            SandboxState::Checkpointing => SandboxState::Running,
+            SandboxState::Restoring => SandboxState::Failed,
+            s => s,
+        };
+        if let Ok(store) = CheckpointStore::open(&paths.checkpoints()) {
+            match store.discard_unpublished() {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::info!(sandbox = %id, removed = n, "discarded unpublished checkpoints")
+                }
+                Err(err) => {
+                    tracing::warn!(sandbox = %id, error = %err, "cannot clean checkpoint store")
+                }
+            }
+        }
+        if rec.state == SandboxState::Running && !rec.init_alive() {
+            rec.state = SandboxState::Failed;
+        }
+        // Instances other than the current one are leftovers of a restore the previous
+        // daemon did not finish (or of an old instance it had not deleted yet).
+        let stale: Vec<u32> = fs::read_dir(&paths.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                name.to_str()?.strip_prefix("inst-")?.parse::<u32>().ok()
+            })
+            .filter(|n| *n != rec.instance)
+            .collect();
+        if !stale.is_empty() {
+            tracing::info!(sandbox = %id, ?stale, "removing stale instances");
+            let paths = paths.clone();
+            std::thread::spawn(move || {
+                for n in stale {
+                    sandbox::restore::retire_instance(&paths, n);
+                }
+            });
+        }
+        if let Err(err) = rec.save(&paths) {
+            tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
+        }
+        tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
+        if rec.state == SandboxState::Running {
+            self.rt.tracer.track(&rec);
+        }
+        self.registry()
+            .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
     }
 }
 
 /// Waits (bounded) until no `criu dump --tree <pid>` process is left running.
 fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
     let deadline = std::time::Instant::now() + limit;
-    let tree = pid.to_string();
-    let running = || {
-        let Ok(entries) = fs::read_dir("/proc") else {
-            return false;
-        };
-        entries.flatten().any(|e| {
-            let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-                return false;
-            };
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.get(1) == Some(&&b"dump"[..])
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
-        })
-    };
-    while running() {
+    while dump_running(pid) {
         if std::time::Instant::now() > deadline {
             tracing::warn!(
                 pid,
@@ -162,4 +169,26 @@ fn wait_for_orphaned_dump(pid: i32, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Sandboxes adopted at once at start-up.
+const ADOPT_THREADS: usize = 16;
+
+/// Whether a `criu dump --tree <pid>` process is running (a dump of the sandbox whose init is
+/// `pid`, left by a daemon that died during a checkpoint).
+fn dump_running(pid: i32) -> bool {
+    let tree = pid.to_string();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            return false;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        args.get(1) == Some(&&b"dump"[..])
+            && args
+                .windows(2)
+                .any(|w| w[0] == b"--tree" && w[1] == tree.as_bytes())
+    })
 }
