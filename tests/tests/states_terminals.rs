@@ -50,8 +50,8 @@ fn wait_pane(d: &Daemon, id: &str, target: &str, needle: &str) -> String {
 /// The last `tick N` a pane shows.
 fn last_tick(pane: &str) -> u64 {
     pane.lines()
-        .filter_map(|l| l.trim().strip_prefix("tick ")?.parse().ok())
-        .last()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("tick ")?.parse().ok())
         .unwrap_or_else(|| panic!("no tick in pane:\n{pane}"))
 }
 
