@@ -372,3 +372,41 @@ fn a_pty_out_of_criu_reach_fails_the_checkpoint() {
     assert_eq!(r.prefix, Some(1));
     assert_eq!(d.sh(&id, "cat /tmp/mark"), "k1");
 }
+
+/// State: the pty group of the image's own `/etc/group`. Hostile: a `tty` group the sandbox's
+/// user namespace cannot map, or an `/etc/group` that links out of the image, still gives the
+/// sandbox its devpts (group 5), never the host's file.
+#[test]
+fn the_pty_group_comes_from_the_image_and_a_bad_one_falls_back() {
+    let d = Daemon::start();
+    let tmp = tempfile::tempdir_in("/tmp").expect("tempdir");
+    let cases = [
+        ("tty7", Some("root:x:0:\ntty:x:7:\n"), "7"),
+        ("ttyhuge", Some("root:x:0:\ntty:x:4000000000:\n"), "5"),
+        ("ttylink", None, "5"),
+    ];
+    for (name, group, want) in cases {
+        let root = tmp.path().join(name);
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(belayer_tests::busybox_rootfs())
+            .arg(&root)
+            .status()
+            .expect("cp");
+        assert!(copied.success());
+        let file = root.join("etc/group");
+        std::fs::remove_file(&file).expect("rm group");
+        match group {
+            Some(text) => std::fs::write(&file, text).expect("group"),
+            // The host's /etc/group names tty 5 too: point at a file whose tty group is 9.
+            None => {
+                std::fs::write(tmp.path().join("host-group"), "tty:x:9:\n").expect("write");
+                std::os::unix::fs::symlink(tmp.path().join("host-group"), &file).expect("link");
+            }
+        }
+        d.image(name, &root);
+        let id = d.create(name).id;
+        let gid = d.sh(&id, "exec 3<>/dev/ptmx && stat -c %g /dev/pts/0");
+        assert_eq!(gid, want, "{name}");
+    }
+}

@@ -220,20 +220,31 @@ pub fn devpts_options(gid: u32) -> String {
 }
 
 /// Mounts the sandbox's own `devpts` on `dev/pts` (relative to the new root, the cwd),
-/// `nosuid,noexec`, with [`devpts_options`] and the image's tty group ([`tty_gid`]). Runs in
-/// the sandbox's user namespace (devpts may be mounted there, Linux ≥ 4.7); the gid is one of
-/// that namespace.
+/// `nosuid,noexec`, with [`devpts_options`] and the image's tty group ([`tty_gid`]; one the
+/// sandbox's user namespace does not map, which the kernel refuses with `EINVAL`, falls back
+/// to [`DEFAULT_TTY_GID`]). Runs in the sandbox's user namespace (devpts may be mounted there,
+/// Linux ≥ 4.7); the gid is one of that namespace.
 fn mount_devpts() -> Result<(), SyscallError> {
     ensure_dir("dev/pts", 0o755)?;
-    let options = devpts_options(tty_gid());
-    mount(
-        Some("devpts"),
-        "dev/pts",
-        Some("devpts"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some(options.as_str()),
-    )
-    .map_err(|e| SyscallError::new("mount", format!("devpts on /dev/pts ({options})"), e))
+    let attempt = |gid: u32| {
+        let options = devpts_options(gid);
+        mount(
+            Some("devpts"),
+            "dev/pts",
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some(options.as_str()),
+        )
+        .map_err(|e| (e, options))
+    };
+    let gid = tty_gid();
+    let mounted = match attempt(gid) {
+        Err((nix::errno::Errno::EINVAL, _)) if gid != DEFAULT_TTY_GID => attempt(DEFAULT_TTY_GID),
+        r => r,
+    };
+    mounted.map_err(|(e, options)| {
+        SyscallError::new("mount", format!("devpts on /dev/pts ({options})"), e)
+    })
 }
 
 /// Bytes of the image's `/etc/group` read at most when looking for the tty group.
