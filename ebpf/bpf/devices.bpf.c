@@ -4,7 +4,8 @@
 // (or of a cgroup below it) and answers 1 (allow) or 0 (deny: the syscall fails with EPERM).
 //
 // Policy: read and write of the character devices listed in `devices` (filled by the loader,
-// ebpf/src/devices.rs, from the agent's table `ALLOWED_DEVICES`); nothing else. Every mknod is
+// ebpf/src/devices.rs, from the agent's tables `ALLOWED_DEVICES` and `PTY_DEVICES`; an entry
+// whose minor is ANY_MINOR stands for every minor of its major); nothing else. Every mknod is
 // denied, every block device is denied, and so is any access bit the kernel may add later.
 //
 // The list lives in .rodata: the loader writes it before the program is loaded and the map is
@@ -27,6 +28,9 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define MAX_DEVICES 16
 
+// A minor no device has (minors have 20 bits): the entry matches every minor of its major.
+#define ANY_MINOR 0xffffffffu
+
 struct char_device {
 	__u32 major;
 	__u32 minor;
@@ -48,7 +52,9 @@ int belayer_devices(struct bpf_cgroup_dev_ctx *ctx)
 	for (__u32 i = 0; i < MAX_DEVICES; i++) {
 		if (i >= n_devices)
 			break;
-		if (devices[i].major == ctx->major && devices[i].minor == ctx->minor)
+		if (devices[i].major != ctx->major)
+			continue;
+		if (devices[i].minor == ANY_MINOR || devices[i].minor == ctx->minor)
 			return 1;
 	}
 	return 0;

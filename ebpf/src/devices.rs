@@ -34,8 +34,14 @@ pub const PROGRAM_NAME: &str = "belayer_devices";
 pub struct CharDevice {
     /// Major number.
     pub major: u32,
-    /// Minor number.
+    /// Minor number, or [`CharDevice::ANY_MINOR`] for every minor of `major`.
     pub minor: u32,
+}
+
+impl CharDevice {
+    /// A minor no device has (minors have 20 bits): an entry with it allows every minor of its
+    /// major (`c 136:*` in the v1 controller's syntax). `ANY_MINOR` of bpf/devices.bpf.c.
+    pub const ANY_MINOR: u32 = u32::MAX;
 }
 
 /// `struct char_device` of bpf/devices.bpf.c.

@@ -171,6 +171,55 @@ fn allows_exactly_the_listed_char_devices() {
 }
 
 #[test]
+fn any_minor_allows_every_minor_of_its_major_only() {
+    // The pty entries of sandboxes: 5:2 (ptmx) and every minor of 136 (the slaves).
+    let s = Scratch::new("anyminor");
+    let ptmx = CharDevice { major: 5, minor: 2 };
+    let slaves = CharDevice {
+        major: 136,
+        minor: CharDevice::ANY_MINOR,
+    };
+    let prog = DeviceProgram::load(&[NULL, ptmx, slaves]).expect("load");
+    prog.attach(&s.dir, AttachMode::Multi).expect("attach");
+    allowed(&s.dir, "exec 3<>/dev/ptmx");
+    // Nodes of pty slaves and of their neighbours, made outside the cgroup: 136:7 passes the
+    // program (the open then fails for another reason: the node is not on a devpts), 137:0,
+    // 135:0, 5:1 (console) and 5:0 are refused by it.
+    let tmp = mknod_dir("anyminor");
+    let node = |name: &str, major: u32, minor: u32| {
+        let p = tmp.path().join(name);
+        let made = Command::new("mknod")
+            .arg(&p)
+            .args(["c", &major.to_string(), &minor.to_string()])
+            .status()
+            .expect("mknod");
+        assert!(made.success(), "mknod {major}:{minor}");
+        p.display().to_string()
+    };
+    let slave = node("pts7", 136, 7);
+    let (ok, err) = probe(Some(&s.dir), &format!("exec 3<>{slave}"));
+    assert!(
+        !ok && !err.contains("Operation not permitted"),
+        "136:7: {err}"
+    );
+    for (name, major, minor) in [
+        ("next", 137, 0),
+        ("prev", 135, 0),
+        ("console", 5, 1),
+        ("tty", 5, 0),
+    ] {
+        let p = node(name, major, minor);
+        let (ok, err) = probe(Some(&s.dir), &format!("exec 3<>{p}"));
+        println!("{major}:{minor}: {}", err.trim());
+        assert!(
+            !ok && err.contains("Operation not permitted"),
+            "{major}:{minor}: {err}"
+        );
+    }
+    denied(&s.dir, "exec 3</dev/zero");
+}
+
+#[test]
 fn stays_attached_when_the_loader_is_gone_and_detaches_explicitly() {
     let s = Scratch::new("stays");
     let prog = DeviceProgram::load(&[NULL]).expect("load");

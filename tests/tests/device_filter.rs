@@ -2,10 +2,12 @@
 //! hybrid host would otherwise use the v1 `devices` controller, whose sandbox cgroup is then left
 //! unrestricted, so what these tests meet is the BPF program alone).
 //!
-//! From inside, a sandbox reaches only the six devices its `/dev` binds from the host (and
-//! cannot `mknod` in its user namespace anyway), so the denials are probed by a host process
-//! (root, every capability) moved into the sandbox's v2 cgroup: it is refused every device but
-//! the listed ones, and `mknod` of any, as a sandbox process would be.
+//! From inside, a sandbox reaches only the six devices its `/dev` binds from the host and the
+//! ptys of its own devpts instance (and cannot `mknod` in its user namespace anyway), so the
+//! denials are probed by a host process (root, every capability) moved into the sandbox's v2
+//! cgroup: it is refused every device but the listed ones (`ptmx` 5:2 and the pty slaves
+//! 136:* included, whose numbers are the same in every devpts instance: the host's are kept
+//! out of reach by the mount tree, see `states_terminals.rs`), and `mknod` of any.
 
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -82,13 +84,28 @@ fn probe_in(cgroup: &Path, script: &str) -> (Option<i32>, String) {
 fn assert_enforced(cgroup: &Path, step: &str) {
     let tmp = tempfile::tempdir_in("/tmp").expect("tempdir");
     let eperm = "2>&1 | grep -q 'Operation not permitted'";
+    // Terminal devices next to the allowed ones, made outside the cgroup: the console (5:1),
+    // a pty slave beyond the sandbox's 256 (137:0) and the pty master range (128:0).
+    for (name, major, minor) in [("console", 5, 1), ("pts256", 137, 0), ("ptm", 128, 0)] {
+        let made = Command::new("mknod")
+            .arg(tmp.path().join(name))
+            .args(["c", &major.to_string(), &minor.to_string()])
+            .status()
+            .expect("mknod");
+        assert!(made.success(), "mknod {name}");
+    }
     let script = format!(
         "echo x > /dev/null || exit 11; \
          head -c 4 /dev/urandom | wc -c | grep -qx 4 || exit 12; \
+         (exec 3<>/dev/ptmx) || exit 13; \
          cat /dev/loop-control {eperm} || exit 21; \
          head -c 1 {block} {eperm} || exit 22; \
          mknod {tmp}/null c 1 3 {eperm} || exit 23; \
-         test ! -e {tmp}/null || exit 24",
+         test ! -e {tmp}/null || exit 24; \
+         mknod {tmp}/pts0 c 136 0 {eperm} || exit 25; \
+         cat {tmp}/console {eperm} || exit 26; \
+         cat {tmp}/pts256 {eperm} || exit 27; \
+         cat {tmp}/ptm {eperm} || exit 28",
         block = block_device().display(),
         tmp = tmp.path().display()
     );
@@ -99,7 +116,8 @@ fn assert_enforced(cgroup: &Path, step: &str) {
     assert!(attached[0].is_allow_list(), "{step}: {attached:?}");
 }
 
-/// From inside the sandbox: the bound devices read and write; `mknod` fails.
+/// From inside the sandbox: the bound devices read and write, a pty opens (the master holds
+/// `/dev/pts/0` while the shell keeps it open); `mknod` fails.
 fn assert_devices_work_inside(d: &Daemon, id: &str) {
     assert_eq!(
         d.sh(
@@ -107,6 +125,10 @@ fn assert_devices_work_inside(d: &Daemon, id: &str) {
             "echo x > /dev/null && head -c 4 /dev/urandom | wc -c && head -c 4 /dev/zero | wc -c"
         ),
         "4\n4"
+    );
+    assert_eq!(
+        d.sh(id, "exec 3<>/dev/ptmx && ls /dev/pts | tr '\\n' ' '"),
+        "0 ptmx"
     );
     assert_ne!(d.exec(id, "mknod /tmp/null c 1 3").exit_code, 0);
     assert_ne!(d.exec(id, "mknod /tmp/sda b 8 0").exit_code, 0);

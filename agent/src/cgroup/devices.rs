@@ -1,5 +1,5 @@
-//! The device allow-list of sandbox cgroups, [`ALLOWED_DEVICES`], enforced by one of two
-//! kernel mechanisms:
+//! The device allow-list of sandbox cgroups, [`ALLOWED_DEVICES`] and [`PTY_DEVICES`], enforced
+//! by one of two kernel mechanisms:
 //! - **v1**: the `devices` controller, where the node mounts its hierarchy (`devices.deny a`,
 //!   then one `devices.allow` line per device);
 //! - **BPF**: on cgroup v2, where the device controller is a `BPF_PROG_TYPE_CGROUP_DEVICE`
@@ -27,9 +27,8 @@ use super::sys::write_file;
 use super::CgroupError;
 
 /// Character devices a sandbox may use (major, minor, name): the nodes its private `/dev`
-/// binds from the host. Everything else, block devices included, is denied, also for
-/// `mknod`. This is the container default minus the terminal devices sandboxes do not have.
-/// Both mechanisms read this table and nothing else.
+/// binds from the host. With [`PTY_DEVICES`], everything else, block devices included, is
+/// denied, also for `mknod`. Both mechanisms read these two tables and nothing else.
 pub const ALLOWED_DEVICES: &[(u32, u32, &str)] = &[
     (1, 3, "null"),
     (1, 5, "zero"),
@@ -39,8 +38,27 @@ pub const ALLOWED_DEVICES: &[(u32, u32, &str)] = &[
     (5, 0, "tty"),
 ];
 
+/// The terminal devices of a sandbox's own `devpts` instance (major, minor or `None` for every
+/// minor, what): its `/dev/pts/ptmx` (5:2, which `/dev/ptmx` links to) and its pty slaves,
+/// all of major 136 (`/dev/pts/0` .. `/dev/pts/255`: the instance holds at most
+/// [`crate::helper::mount::PTY_MAX`]). No node of these is bound from the host: the numbers
+/// are the kernel's for every devpts instance, and the sandbox reaches only its own instance
+/// (the host's `/dev/pts` is not in its mount tree and it cannot `mknod`).
+pub const PTY_DEVICES: &[(u32, Option<u32>, &str)] = &[
+    (5, Some(2), "ptmx"),
+    (crate::helper::mount::PTY_SLAVE_MAJOR, None, "pty slaves"),
+];
+
 // The BPF program has room for a fixed number of devices.
-const _: () = assert!(ALLOWED_DEVICES.len() <= DeviceProgram::MAX_DEVICES);
+const _: () = assert!(ALLOWED_DEVICES.len() + PTY_DEVICES.len() <= DeviceProgram::MAX_DEVICES);
+
+/// Every rule of the allow-list: (major, minor or `None` for any), [`ALLOWED_DEVICES`] first.
+pub fn device_rules() -> impl Iterator<Item = (u32, Option<u32>)> {
+    ALLOWED_DEVICES
+        .iter()
+        .map(|&(major, minor, _)| (major, Some(minor)))
+        .chain(PTY_DEVICES.iter().map(|&(major, minor, _)| (major, minor)))
+}
 
 /// Which mechanism enforces [`ALLOWED_DEVICES`] (config `device_filter`: `"auto"`, `"v1"`,
 /// `"bpf"`).
@@ -94,25 +112,28 @@ impl DeviceFilter {
 }
 
 /// Writes the v1 device allow-list into the `devices` cgroup `dir`: deny all, then allow
-/// [`ALLOWED_DEVICES`] for read/write (no `mknod`).
+/// [`device_rules`] for read/write (no `mknod`).
 pub(super) fn apply_devices_v1(dir: &Path) -> Result<(), CgroupError> {
     write_file(&dir.join("devices.deny"), "a")?;
-    for (major, minor, _) in ALLOWED_DEVICES {
+    for (major, minor) in device_rules() {
+        let minor = minor.map_or("*".to_string(), |m| m.to_string());
         write_file(&dir.join("devices.allow"), &format!("c {major}:{minor} rw"))?;
     }
     Ok(())
 }
 
-/// The program of this process, loaded on first use with [`ALLOWED_DEVICES`]. A failed load
+/// The program of this process, loaded on first use with [`device_rules`]. A failed load
 /// is not cached (the next sandbox tries again).
 fn program(cgroup: &Path) -> Result<&'static DeviceProgram, CgroupError> {
     static PROGRAM: OnceLock<DeviceProgram> = OnceLock::new();
     if let Some(program) = PROGRAM.get() {
         return Ok(program);
     }
-    let devices: Vec<CharDevice> = ALLOWED_DEVICES
-        .iter()
-        .map(|&(major, minor, _)| CharDevice { major, minor })
+    let devices: Vec<CharDevice> = device_rules()
+        .map(|(major, minor)| CharDevice {
+            major,
+            minor: minor.unwrap_or(CharDevice::ANY_MINOR),
+        })
         .collect();
     let loaded = DeviceProgram::load(&devices).map_err(|source| CgroupError::DeviceProgram {
         path: cgroup.to_path_buf(),
@@ -309,7 +330,9 @@ mod tests {
                 println!("v1 devices.list:\n{list}");
                 assert!(!list.contains("a *:* rwm"));
                 assert!(list.lines().any(|l| l == "c 1:3 rw"));
-                assert_eq!(list.lines().count(), ALLOWED_DEVICES.len());
+                assert!(list.lines().any(|l| l == "c 5:2 rw"));
+                assert!(list.lines().any(|l| l == "c 136:* rw"));
+                assert_eq!(list.lines().count(), device_rules().count());
                 if let Some(v2) = v2 {
                     assert!(!has_devices_bpf(&v2).unwrap());
                 }

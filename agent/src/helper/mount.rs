@@ -16,11 +16,15 @@
 //!    namespace cannot `mknod`) read-only over their placeholders in the sandbox's own `/dev`, an opaque
 //!    directory of its upper layer made with the instance ([`dev_skeleton`]: placeholders, the
 //!    `/dev/fd`, `/dev/std*` links, `/dev/shm`);
-//! 4. `pivot_root` and detach the old root, so no host path remains reachable.
+//! 4. mount a private `devpts` instance on `/dev/pts` ([`devpts_options`]): the sandbox's
+//!    own ptys, numbered from 0, invisible to the host's and other sandboxes' instances;
+//!    `/dev/ptmx` is a link to its `pts/ptmx`;
+//! 5. `pivot_root` and detach the old root, so no host path remains reachable.
 //!
 //! CRIU dumps this tree as it is and rebuilds it at restore. Every mount is a bind of a host
 //! file or of the empty directory [`EMPTY_DIR`] (external mounts: nothing to copy), or the
-//! `proc` instance; no tmpfs, whose content CRIU would archive with `tar` in every frozen
+//! `proc` and `devpts` instances (CRIU mounts fresh ones and re-creates the open ptys in
+//! theirs by index); no tmpfs, whose content CRIU would archive with `tar` in every frozen
 //! window (≈8 ms each here). `/dev` lives in the upper layer instead, so what a sandbox keeps
 //! in `/dev/shm` is captured incrementally with the rest of its files and counts against its
 //! disk quota.
@@ -62,6 +66,7 @@ pub const EMPTY_DIR: &str = "/run/belayer/empty";
 /// The entries of a fresh upper layer's `/dev`: `(name, kind)`; placeholders are empty files
 /// the devices are bound over.
 pub const DEV_LINKS: &[(&str, &str)] = &[
+    ("ptmx", "pts/ptmx"),
     ("fd", "/proc/self/fd"),
     ("stdin", "/proc/self/fd/0"),
     ("stdout", "/proc/self/fd/1"),
@@ -118,6 +123,7 @@ pub(crate) fn build_root(root: &Path) -> Result<(), SyscallError> {
     .map_err(|e| SyscallError::new("mount", "/proc", e))?;
     mask_proc()?;
     build_dev()?;
+    mount_devpts()?;
     pivot_root(".", ".").map_err(|e| SyscallError::new("pivot_root", what, e))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| SyscallError::new("umount2", "old root", e))?;
     chdir("/").map_err(|e| SyscallError::new("chdir", "/", e))?;
@@ -195,6 +201,93 @@ fn build_dev() -> Result<(), SyscallError> {
     Ok(())
 }
 
+/// Most ptys one sandbox may hold open at once (devpts `max`): every slave then has major
+/// [`PTY_SLAVE_MAJOR`], the only one the device allow-list admits, and one sandbox cannot take
+/// the node's whole share of ptys (`kernel.pty.max` minus `kernel.pty.reserve`).
+pub const PTY_MAX: u32 = 256;
+
+/// Major number of the pty slaves `/dev/pts/0` .. `/dev/pts/255` (`UNIX98_PTY_SLAVE_MAJOR`).
+pub const PTY_SLAVE_MAJOR: u32 = 136;
+
+/// The group pty slaves belong to when the image's `/etc/group` names no `tty` group (5, as on
+/// Debian, Alpine, Fedora).
+pub const DEFAULT_TTY_GID: u32 = 5;
+
+/// The devpts options of a sandbox: a new instance (never the host's), `/dev/pts/ptmx` usable by
+/// everyone, slaves `rw--w----` and of group `gid`, at most [`PTY_MAX`] ptys.
+pub fn devpts_options(gid: u32) -> String {
+    format!("newinstance,ptmxmode=0666,mode=0620,gid={gid},max={PTY_MAX}")
+}
+
+/// Mounts the sandbox's own `devpts` on `dev/pts` (relative to the new root, the cwd),
+/// `nosuid,noexec`, with [`devpts_options`] and the image's tty group ([`tty_gid`]; one the
+/// sandbox's user namespace does not map, which the kernel refuses with `EINVAL`, falls back
+/// to [`DEFAULT_TTY_GID`]). Runs in the sandbox's user namespace (devpts may be mounted there,
+/// Linux ≥ 4.7); the gid is one of that namespace.
+fn mount_devpts() -> Result<(), SyscallError> {
+    ensure_dir("dev/pts", 0o755)?;
+    let attempt = |gid: u32| {
+        let options = devpts_options(gid);
+        mount(
+            Some("devpts"),
+            "dev/pts",
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some(options.as_str()),
+        )
+        .map_err(|e| (e, options))
+    };
+    let gid = tty_gid();
+    let mounted = match attempt(gid) {
+        Err((nix::errno::Errno::EINVAL, _)) if gid != DEFAULT_TTY_GID => attempt(DEFAULT_TTY_GID),
+        r => r,
+    };
+    mounted.map_err(|(e, options)| {
+        SyscallError::new("mount", format!("devpts on /dev/pts ({options})"), e)
+    })
+}
+
+/// Bytes of the image's `/etc/group` read at most when looking for the tty group.
+const GROUP_FILE_MAX: usize = 64 << 10;
+
+/// The gid of group `tty` in the image's `etc/group` (resolved beneath the new root, the cwd:
+/// an absolute link in the image never reaches the host's), or [`DEFAULT_TTY_GID`] when the
+/// file is missing, not a regular file, too long, or names no such group.
+fn tty_gid() -> u32 {
+    use rustix::fs::{Mode as RMode, OFlags, ResolveFlags};
+    use std::io::Read;
+    let opened = rustix::fs::openat2(
+        rustix::fs::CWD,
+        "etc/group",
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+        RMode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+    );
+    let Ok(fd) = opened else {
+        return DEFAULT_TTY_GID;
+    };
+    let file = fs::File::from(fd);
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return DEFAULT_TTY_GID;
+    }
+    let mut text = Vec::new();
+    let read = file.take(GROUP_FILE_MAX as u64 + 1).read_to_end(&mut text);
+    if read.is_err() || text.len() > GROUP_FILE_MAX {
+        return DEFAULT_TTY_GID;
+    }
+    group_gid(&String::from_utf8_lossy(&text), "tty").unwrap_or(DEFAULT_TTY_GID)
+}
+
+/// The gid of group `name` in the text of a `/etc/group` file (`name:password:gid:members`).
+pub(crate) fn group_gid(text: &str, name: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name)
+            .then(|| fields.nth(1)?.trim().parse().ok())
+            .flatten()
+    })
+}
+
 /// Binds the host device node `source` onto `target`, read-only, `nosuid`, `noexec`: the node
 /// is the host's inode, so its times, mode and owner are not the sandbox's to change (reads
 /// and writes of the device itself are unaffected).
@@ -204,8 +297,8 @@ fn bind_device(source: &str, target: &str) -> Result<(), SyscallError> {
 
 /// Makes `/dev` of a fresh upper layer (host side, before the overlay is mounted): an opaque
 /// directory (the image's `/dev` never shows through) owned by `owner` (the sandbox's root)
-/// with a placeholder file per allowed device, the `/dev/fd` and `/dev/std*` links and a
-/// world-writable, sticky `/dev/shm`.
+/// with a placeholder file per allowed device, the `/dev/ptmx`, `/dev/fd` and `/dev/std*`
+/// links ([`DEV_LINKS`]), the `/dev/pts` mount point and a world-writable, sticky `/dev/shm`.
 pub fn dev_skeleton(upper: &Path, owner: u32) -> std::io::Result<()> {
     use std::os::unix::fs::{chown, lchown, symlink, PermissionsExt};
     let dev = upper.join("dev");
@@ -223,6 +316,10 @@ pub fn dev_skeleton(upper: &Path, owner: u32) -> std::io::Result<()> {
         symlink(target, &p)?;
         lchown(&p, Some(owner), Some(owner))?;
     }
+    let pts = dev.join("pts");
+    fs::create_dir(&pts)?;
+    fs::set_permissions(&pts, fs::Permissions::from_mode(0o755))?;
+    chown(&pts, Some(owner), Some(owner))?;
     let shm = dev.join("shm");
     fs::create_dir(&shm)?;
     fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777))?;
@@ -243,5 +340,37 @@ fn ensure_dir(path: &str, mode: u32) -> Result<(), SyscallError> {
             fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .map_err(|e| SyscallError::io("chmod", path, e))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tty_group_is_read_from_group_lines() {
+        let text = "root:x:0:\ndaemon:x:1:\ntty:x:7:alice\nusers:x:100:\n";
+        assert_eq!(group_gid(text, "tty"), Some(7));
+        assert_eq!(group_gid(text, "users"), Some(100));
+        assert_eq!(group_gid(text, "wheel"), None);
+        assert_eq!(group_gid("tty:x:nan:\n", "tty"), None);
+        assert_eq!(group_gid("ttyx:x:9:\ntty", "tty"), None);
+        assert_eq!(group_gid("", "tty"), None);
+    }
+
+    #[test]
+    fn devpts_is_a_bounded_private_instance() {
+        let o = devpts_options(5);
+        for part in [
+            "newinstance",
+            "ptmxmode=0666",
+            "mode=0620",
+            "gid=5",
+            "max=256",
+        ] {
+            assert!(o.split(',').any(|p| p == part), "{part} missing in {o}");
+        }
+        // Every slave index below the limit has the one allowed major.
+        assert_eq!((PTY_MAX - 1) / 256, 0);
     }
 }

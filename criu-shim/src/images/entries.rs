@@ -41,6 +41,7 @@ const LEGACY_REMAP_GHOST: u32 = 1 << 31;
 /// Mount `fstype` values this check models.
 pub(crate) const FSTYPE_PROC: u32 = 1;
 pub(crate) const FSTYPE_TMPFS: u32 = 5;
+pub(crate) const FSTYPE_DEVPTS: u32 = 6;
 
 /// A regular file (or directory, fifo, device) CRIU reopens by path.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,6 +30,8 @@ pub enum PathOp {
     BuildMounts,
     /// Re-create a hard link CRIU made at dump time (`--link-remap`).
     LinkRemap,
+    /// Re-create a pty in the fresh devpts instance, by index.
+    OpenPty,
 }
 
 impl fmt::Display for PathOp {
@@ -44,6 +46,7 @@ impl fmt::Display for PathOp {
             PathOp::UnlinkSocket => "unlinking unix socket",
             PathOp::BuildMounts => "building the mount tree for",
             PathOp::LinkRemap => "re-creating link remap",
+            PathOp::OpenPty => "re-creating pty",
         })
     }
 }
@@ -111,8 +114,8 @@ pub enum UnsafeKind {
         /// The mount's id.
         mnt_id: u32,
     },
-    /// A file system whose content this check cannot see (only the root, tmpfs and proc are
-    /// modelled).
+    /// A file system whose content this check cannot see (only the root, tmpfs, proc and
+    /// devpts are modelled).
     UnsupportedFs {
         /// CRIU's `fstype` number.
         fstype: u32,
@@ -144,6 +147,14 @@ pub enum UnsafeKind {
     UnknownFile {
         /// The id.
         id: u32,
+    },
+    /// A pty whose index CRIU may not reach: it opens `ptmx` at most `tries` times to be
+    /// handed it out (see `images/ttys.rs`).
+    PtyOutOfReach {
+        /// The pty's index.
+        index: u32,
+        /// CRIU's limit on opens ([`PTY_OPEN_TRIES`](super::PTY_OPEN_TRIES)).
+        tries: u32,
     },
 }
 
@@ -179,6 +190,11 @@ impl fmt::Display for UnsafeKind {
             }
             UnsafeKind::Remap { remap_type } => write!(f, "remap type {remap_type} is unknown"),
             UnsafeKind::UnknownFile { id } => write!(f, "file {id:#x} is not in files.img"),
+            UnsafeKind::PtyOutOfReach { index, tries } => write!(
+                f,
+                "criu re-creates a pty by opening ptmx at most {tries} times, so only indices \
+                 below {tries} are restorable and this one is {index}"
+            ),
         }
     }
 }

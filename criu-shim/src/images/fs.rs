@@ -4,7 +4,8 @@
 //! the restore root by the freshly materialized tree itself (looked up with `openat2`
 //! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS`, and `RESOLVE_NO_XDEV` for a
 //! sandbox root, so a lookup never leaves it), a tmpfs by its archive ([`TarTree`]), procfs by a
-//! rule (every name is a directory except the magic links, see [`proc_entry`]). Entries CRIU
+//! rule (every name is a directory except the magic links, see [`proc_entry`]), devpts by
+//! another (`ptmx` and the numbered pty nodes, see [`devpts_entry`]). Entries CRIU
 //! creates during the restore (ghost files, sockets, directories) are layered on top, in the
 //! order CRIU creates them.
 //!
@@ -94,6 +95,8 @@ pub(crate) enum Fs {
     Tar(TarTree),
     /// A procfs.
     Proc,
+    /// A devpts instance (CRIU mounts a fresh one and opens its ptys by index).
+    Devpts,
     /// A bind of an allow-listed host file or empty directory (an external mount CRIU binds
     /// from the same host path at restore): its root is `Other` (a file) or `Dir`, and nothing
     /// exists or may be created below it.
@@ -106,9 +109,9 @@ pub(crate) enum Fs {
 }
 
 impl Fs {
-    /// Whether the restore must not create anything here (procfs, host binds).
+    /// Whether the restore must not create anything here (procfs, devpts, host binds).
     pub(crate) fn refuses_creation(&self) -> bool {
-        matches!(self, Fs::Proc | Fs::External { .. })
+        matches!(self, Fs::Proc | Fs::Devpts | Fs::External { .. })
     }
 }
 
@@ -178,6 +181,17 @@ pub(crate) fn proc_entry(comps: &[Vec<u8>]) -> Entry {
     }
 }
 
+/// The devpts entry at `comps` (relative to its root): the root directory, `ptmx` and the
+/// numbered pty slaves (character devices, `Other`); nothing else exists there.
+pub(crate) fn devpts_entry(comps: &[Vec<u8>]) -> Entry {
+    let is_num = |c: &[u8]| !c.is_empty() && c.len() <= 10 && c.iter().all(u8::is_ascii_digit);
+    match comps {
+        [] => Entry::Dir,
+        [name] if name == b"ptmx" || is_num(name) => Entry::Other,
+        _ => Entry::Missing,
+    }
+}
+
 impl World {
     /// Records that the restore creates `kind` at `comps` of file system `fs`.
     pub(crate) fn create(&mut self, fs: usize, comps: Comps, kind: Entry) {
@@ -193,6 +207,7 @@ impl World {
         let entry = match &self.fss[fs] {
             Fs::Tar(t) => t.get(comps),
             Fs::Proc => proc_entry(comps),
+            Fs::Devpts => devpts_entry(comps),
             Fs::External { root, dir } => match comps.strip_prefix(root.as_slice()) {
                 Some([]) if *dir => Entry::Dir,
                 Some([]) => Entry::Other,

@@ -67,7 +67,11 @@
 //!   parents. *Covered*: parents directories or missing, the source missing, never in procfs.
 //! - **External mounts** (`--ext-mount-map`, `get_mp_root`): a bind of a host path the image
 //!   names. *Covered*: refused, as are plugin mounts and file systems other than the root,
-//!   tmpfs and procfs.
+//!   tmpfs, procfs and devpts.
+//! - **Ptys** (`tty.c` `pty_open_ptmx_index`, `devpts_restore`): CRIU mounts a fresh devpts and
+//!   opens its `ptmx` until the kernel hands out each dumped index, then the slaves by path
+//!   (`/dev/pts/<n>`). Task; nothing created. *Covered* as files: a devpts holds only `ptmx`
+//!   and numbered nodes, and nothing may be created in it.
 //! - **inotify/fanotify watches** (`fsnotify.c`): `openat(O_PATH)` of a path hint and a
 //!   watch. Task; read-only, not checked.
 //! - **CRIU's own files**: yard (`mkdtemp`), work dir, log, pidfile: not from the images.
@@ -96,10 +100,12 @@ mod mounts;
 #[cfg(test)]
 mod testutil;
 mod tmpfs;
+mod ttys;
 mod validate;
 mod wire;
 
 pub use error::{PathOp, UnsafeImagePath, UnsafeKind};
 pub use mounts::AllowedBind;
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
+pub use ttys::PTY_OPEN_TRIES;
 pub use validate::{validate_restore_paths, validate_restore_paths_allowing, ImagePathReport};

@@ -34,6 +34,8 @@ pub struct ImagePathReport {
     pub files: usize,
     /// Unix sockets with a path name.
     pub unix_sockets: usize,
+    /// Ptys (each re-created by index in a fresh devpts).
+    pub ptys: usize,
     /// `openat2` lookups made in the root.
     pub lookups: usize,
     /// Wall time of the check.
@@ -54,7 +56,7 @@ const TCP_ESTABLISHED: u32 = 1;
 /// up; creates and changes nothing.
 ///
 /// What is checked (see the module docs for the CRIU code behind each rule):
-/// - **mounts**: only the namespace root (`root`), its bind mounts, tmpfs and procfs; no
+/// - **mounts**: only the namespace root (`root`), its bind mounts, tmpfs, procfs and devpts; no
 ///   external or plugin mounts; every mount point an existing directory or file inside its
 ///   parent mount, reached without symbolic links; each tmpfs archive's members (no absolute
 ///   names, `..`, members below links or files, foreign hard links, block devices, character
@@ -72,7 +74,9 @@ const TCP_ESTABLISHED: u32 = 1;
 /// - **unix sockets** bound by path (CRIU binds and unlinks inside `chroot(<restored root>)`):
 ///   resolved with chroot semantics, following symbolic links beneath the root; never into
 ///   procfs (magic links escape a chroot); the parent must exist unless the socket's file was
-///   deleted (CRIU then creates the dirs).
+///   deleted (CRIU then creates the dirs);
+/// - **ptys**: each index must be one CRIU reaches in a fresh devpts instance, whatever the
+///   order it opens them in (below [`PTY_OPEN_TRIES`](super::PTY_OPEN_TRIES)).
 ///
 /// Images without a mount image (a tree restored in the caller's mount namespace) are
 /// checked against `root` as the root of every path, strictly (CRIU then works from its own
@@ -159,6 +163,7 @@ pub fn validate_restore_paths_allowing(
     check.ghosts(&remaps)?;
     check.reg_files()?;
     check.sockets()?;
+    check.report.ptys = super::ttys::check_ptys(images_dir)?;
     let mut report = check.report;
     report.lookups = check.world.lookups;
     report.elapsed = started.elapsed();
