@@ -242,12 +242,18 @@ fn take(
     let mut t = CheckpointTimings::default();
 
     let init_pid = rec.init_pid.unwrap_or(0);
-    // CRIU writes into the tmpfs stage when it has room (moved here after the thaw).
+    // CRIU writes into the tmpfs stage when it has room (moved here after the thaw): the
+    // sandbox's memory and the deleted-but-open files it copies as ghosts.
+    let ghost_limit = rt.config.criu_ghost_limit_bytes;
     let stage = rt
         .stage
         .as_ref()
         .zip(cgroup.memory_current())
-        .and_then(|(stage, memory)| stage.reserve(memory));
+        .and_then(|(stage, memory)| {
+            let ghosts =
+                super::ghosts::deleted_open_bytes(&cgroup.pids().unwrap_or_default(), ghost_limit);
+            stage.reserve(memory.saturating_add(ghosts))
+        });
     let images_dir = stage
         .as_ref()
         .map_or(criu_dir.clone(), |slot| slot.dir().to_path_buf());
@@ -257,6 +263,7 @@ fn take(
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
         .file_locks(true)
+        .ghost_limit_bytes(ghost_limit)
         .network_lock(Some(NetworkLock::Skip))
         .time_limit(Some(super::criu_time_limit(
             cgroup.memory_current().unwrap_or(0),

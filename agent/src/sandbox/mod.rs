@@ -16,6 +16,7 @@
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
+mod ghosts;
 pub mod remove;
 pub mod restore;
 pub mod state;

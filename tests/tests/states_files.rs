@@ -1,0 +1,666 @@
+//! File states across checkpoint → SIGKILL of every sandbox process → restore (issue 13):
+//! inotify watches, deleted-but-open files, file locks and leases, file identity. Each test
+//! names the state it probes; `docs/process-states.md` says what survives and why.
+
+use belayer_ipc::{ErrorCode, Response};
+use belayer_tests::states::{python_sandbox, write_file, Probe};
+use belayer_tests::Daemon;
+
+/// Python helpers for inotify through ctypes: `in_init()`, `in_watch(fd, path, mask)`,
+/// `in_events(fd)` (the events read within `timeout` seconds, as `(wd, mask, name)`).
+const INOTIFY: &str = r#"
+import ctypes, struct, select
+libc = ctypes.CDLL(None, use_errno=True)
+IN_MODIFY = 0x2
+IN_CREATE = 0x100
+def in_init():
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    return fd
+def in_watch(fd, path, mask):
+    wd = libc.inotify_add_watch(fd, path.encode(), mask)
+    if wd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_add_watch " + path)
+    return wd
+def in_events(fd, timeout=3.0):
+    evs = []
+    end = time.time() + timeout
+    while time.time() < end:
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if not r:
+            if evs:
+                break
+            continue
+        buf = os.read(fd, 65536)
+        off = 0
+        while off < len(buf):
+            wd, mask, cookie, ln = struct.unpack_from("iIII", buf, off)
+            name = buf[off + 16:off + 16 + ln].rstrip(b"\0").decode()
+            evs.append((wd, mask, name))
+            off += 16 + ln
+    return evs
+"#;
+
+/// A Python probe with the inotify helpers.
+fn inotify_probe<'a>(d: &'a Daemon, id: &str, name: &str, body: &str) -> Probe<'a> {
+    Probe::python(d, id, name, &format!("{INOTIFY}\n{body}"))
+}
+
+/// State: an inotify watch (IN_MODIFY) on a regular file the sandbox created in its upper
+/// layer; a write after the restore is reported on the same watch descriptor.
+#[test]
+fn inotify_watch_on_a_created_file_reports_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = inotify_probe(
+        &d,
+        &id,
+        "in_file",
+        r#"
+os.makedirs("/work/inw", exist_ok=True)
+path = "/work/inw/file.txt"
+with open(path, "w") as f:
+    f.write("a")
+fd = in_init()
+wd = in_watch(fd, path, IN_MODIFY)
+with open(path, "a") as f:
+    f.write("b")
+ev = in_events(fd)
+check(any(w == wd and m & IN_MODIFY for w, m, _ in ev), f"no event before: {ev}")
+ready()
+wait_term()
+with open(path, "a") as f:
+    f.write("c")
+ev = in_events(fd)
+check(any(w == wd and m & IN_MODIFY for w, m, _ in ev), f"no IN_MODIFY after restore: {ev}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: an inotify watch (IN_CREATE) on a directory the sandbox created; a file created in
+/// it after the restore is reported with its name.
+#[test]
+fn inotify_watch_on_a_created_directory_reports_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = inotify_probe(
+        &d,
+        &id,
+        "in_dir",
+        r#"
+os.makedirs("/work/inwd/sub", exist_ok=True)
+fd = in_init()
+wd = in_watch(fd, "/work/inwd/sub", IN_CREATE)
+ready()
+wait_term()
+open("/work/inwd/sub/after", "w").close()
+ev = in_events(fd)
+check(any(w == wd and m & IN_CREATE and n == "after" for w, m, n in ev), f"no IN_CREATE after restore: {ev}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: an inotify watch on `/tmp` (a directory of the image, lower layer only until the
+/// sandbox writes into it); creations after the restore are reported.
+#[test]
+fn inotify_watch_on_tmp_reports_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = inotify_probe(
+        &d,
+        &id,
+        "in_tmp",
+        r#"
+fd = in_init()
+wd = in_watch(fd, "/tmp", IN_CREATE)
+ready()
+wait_term()
+open("/tmp/in_tmp_after", "w").close()
+ev = in_events(fd)
+check(any(w == wd and n == "in_tmp_after" for w, m, n in ev), f"no IN_CREATE after restore: {ev}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: an `inotifywait -m` loop (a dev server's auto-reload) keeps receiving events after
+/// the restore, through the same process and pipe.
+#[test]
+fn inotifywait_loop_receives_events_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    write_file(
+        &d,
+        &id,
+        "/probes/iwloop.sh",
+        r#"#!/bin/bash
+mkdir -p /work/src
+inotifywait -m -e create --format %f /work/src > /probes/iwloop.events 2> /probes/iwloop.err &
+IW=$!
+until grep -q "Watches established" /probes/iwloop.err; do sleep 0.05; done
+touch /work/src/before
+until grep -qx before /probes/iwloop.events; do sleep 0.05; done
+term=0
+trap 'term=1' TERM
+echo $$ > /probes/iwloop.pid
+echo 1 > /probes/iwloop.ready
+while [ $term = 0 ]; do sleep 0.05; done
+touch /work/src/after
+for i in $(seq 60); do grep -qx after /probes/iwloop.events && break; sleep 0.05; done
+if grep -qx after /probes/iwloop.events && kill -0 $IW; then r=PASS; else r="FAIL: events: $(tr '\n' ' ' < /probes/iwloop.events)"; fi
+echo "$r" > /probes/iwloop.result.tmp && mv /probes/iwloop.result.tmp /probes/iwloop.result
+"#,
+    );
+    let p = Probe::command(&d, &id, "iwloop", "bash /probes/iwloop.sh");
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: a thousand inotify watches (one per created file) all come back.
+#[test]
+fn a_thousand_inotify_watches_come_back() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = inotify_probe(
+        &d,
+        &id,
+        "in_many",
+        r#"
+os.makedirs("/work/many", exist_ok=True)
+fd = in_init()
+wds = {}
+for i in range(1000):
+    path = f"/work/many/f{i}"
+    open(path, "w").close()
+    wds[in_watch(fd, path, IN_MODIFY)] = i
+ready()
+wait_term()
+for i in (0, 499, 999):
+    with open(f"/work/many/f{i}", "a") as f:
+        f.write("x")
+ev = in_events(fd)
+got = sorted(wds.get(w) for w, m, _ in ev if m & IN_MODIFY)
+check(got == [0, 499, 999], f"events after restore for {got}: {ev[:5]}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: a small deleted-but-open file (unlinked while open, `st_nlink` 0): content, size
+/// and offset come back, and it stays deleted.
+#[test]
+fn deleted_open_small_file_comes_back() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "del_small",
+        r#"
+data = bytes(range(256)) * 16
+f = open("/work/del_small", "w+b") if os.path.isdir("/work") else None
+if f is None:
+    os.makedirs("/work", exist_ok=True)
+    f = open("/work/del_small", "w+b")
+f.write(data)
+f.flush()
+os.unlink("/work/del_small")
+ready()
+wait_term()
+st = os.fstat(f.fileno())
+check(st.st_nlink == 0, f"nlink {st.st_nlink}")
+check(st.st_size == len(data), f"size {st.st_size}")
+check(f.tell() == len(data), f"offset {f.tell()}")
+check(os.pread(f.fileno(), len(data), 0) == data, "content differs")
+check(not os.path.exists("/work/del_small"), "the name came back")
+check(not any(n.startswith("del_small") for n in os.listdir("/work")), f"leftovers: {os.listdir('/work')}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: a deleted-but-open file above CRIU's default ghost limit (1 MiB): 8 MiB of data
+/// come back.
+#[test]
+fn deleted_open_file_above_one_mib_comes_back() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "del_big",
+        r#"
+import hashlib
+os.makedirs("/work", exist_ok=True)
+data = hashlib.sha256(b"seed").digest() * (8 * 1024 * 1024 // 32)
+f = open("/work/del_big", "w+b")
+f.write(data)
+f.flush()
+os.unlink("/work/del_big")
+ready()
+wait_term()
+st = os.fstat(f.fileno())
+check(st.st_nlink == 0, f"nlink {st.st_nlink}")
+check(st.st_size == len(data), f"size {st.st_size}")
+check(os.pread(f.fileno(), len(data), 0) == data, "content differs")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: a sparse deleted-but-open file of 100 GiB apparent size (a few KiB of data): its
+/// size and data come back, and the checkpoint holds only the data.
+#[test]
+fn deleted_open_sparse_file_of_100_gib_comes_back() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "del_sparse",
+        r#"
+os.makedirs("/work", exist_ok=True)
+G = 1 << 30
+f = open("/work/del_sparse", "w+b")
+os.pwrite(f.fileno(), b"head", 0)
+os.pwrite(f.fileno(), b"middle", 50 * G)
+os.pwrite(f.fileno(), b"tail", 100 * G - 4)
+os.unlink("/work/del_sparse")
+ready()
+wait_term()
+fd = f.fileno()
+st = os.fstat(fd)
+check(st.st_size == 100 * G, f"size {st.st_size}")
+check(os.pread(fd, 4, 0) == b"head", "head differs")
+check(os.pread(fd, 6, 50 * G) == b"middle", "middle differs")
+check(os.pread(fd, 4, 100 * G - 4) == b"tail", "tail differs")
+check(st.st_blocks * 512 < 64 << 20, f"{st.st_blocks} blocks: no longer sparse")
+finish()
+"#,
+    );
+    let info = {
+        p.checkpoint_kill_restore();
+        d.inspect(p.id())
+    };
+    assert_eq!(info.state, "running");
+    p.assert_pass();
+}
+
+/// State: a deleted-but-open file larger than the ghost limit (`criu_ghost_limit_bytes`, here
+/// 4 MiB): the checkpoint fails with a typed error naming the file, and the previous
+/// checkpoint stays ready (a restore brings back the state before the file was made).
+#[test]
+fn deleted_open_file_above_the_ghost_limit_fails_the_checkpoint() {
+    let d = Daemon::start_options(belayer_tests::DaemonOptions {
+        test_hooks: true,
+        config: "criu_ghost_limit_bytes = 4194304\n".into(),
+        ..Default::default()
+    });
+    let id = python_sandbox(&d);
+    d.sh(&id, "mkdir -p /work && echo one > /work/marker");
+    d.checkpoint(&id, 1, b"one");
+    let p = Probe::python(
+        &d,
+        &id,
+        "del_huge",
+        r#"
+os.makedirs("/work", exist_ok=True)
+f = open("/work/del_huge", "w+b")
+f.write(os.urandom(1 << 20) * 6)
+f.flush()
+os.unlink("/work/del_huge")
+ready()
+wait_term()
+finish()
+"#,
+    );
+    d.sh(&id, "echo two > /work/marker");
+    match d.checkpoint_raw(&id, 2, b"two", None) {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::CheckpointFailed, "{e:?}");
+            assert!(
+                e.message.contains("deleted-but-open file /work/del_huge")
+                    && e.message.contains("above the ghost limit of 4194304 bytes"),
+                "{e:?}"
+            );
+        }
+        r => panic!("checkpoint with a 6 MiB ghost passed: {r:?}"),
+    }
+    assert_eq!(d.inspect(&id).state, "running");
+    d.fail_stop(&id);
+    let r = d.restore(&id);
+    assert_eq!(r.prefix, Some(1));
+    assert_eq!(d.sh(&id, "cat /work/marker").trim(), "one");
+    drop(p);
+}
+
+/// State: unlink_fstat03 — a file opened, hard-linked to a second name, its first name
+/// unlinked, then its size changed (`st_nlink` 1, the fd's path gone). CRIU can dump it
+/// only by hard-linking the file into the frozen tree's file system (`--link-remap`), after
+/// the upper layer was captured and through paths the sandbox controls; Belayer makes no
+/// such link, so the checkpoint fails with a typed refusal naming the file, nothing is
+/// created next to it (the sandbox even planted a symlink where the link would go), and the
+/// previous checkpoint stays ready.
+#[test]
+fn open_linked_then_unlinked_file_fails_the_checkpoint_precisely() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    d.sh(&id, "mkdir -p /work/lr && echo one > /work/marker");
+    d.checkpoint(&id, 1, b"one");
+    let p = Probe::python(
+        &d,
+        &id,
+        "unlink_fstat03",
+        r#"
+os.makedirs("/work/lr", exist_ok=True)
+fd = os.open("/work/lr/f", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+os.link("/work/lr/f", "/work/lr/f.link")
+os.unlink("/work/lr/f")
+os.write(fd, b"0" * 1000)
+for i in range(64):
+    os.symlink("/etc", f"/work/lr/link_remap.{i}")
+ready()
+wait_term()
+finish()
+"#,
+    );
+    d.sh(&id, "echo two > /work/marker");
+    match d.checkpoint_raw(&id, 2, b"two", None) {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::CheckpointFailed, "{e:?}");
+            assert!(
+                e.message.contains(
+                    "file open under its removed name /work/lr/f while another hard link keeps it"
+                ),
+                "{e:?}"
+            );
+        }
+        r => panic!("checkpoint of an unlink_fstat03 tree passed: {r:?}"),
+    }
+    assert_eq!(d.inspect(&id).state, "running");
+    let listing = d.sh(
+        &id,
+        "ls /work/lr | grep -v '^link_remap\\.[0-9]*$'; ls /etc | grep -c link_remap || true",
+    );
+    assert_eq!(listing.trim(), "f.link\n0", "{listing}");
+    let host_etc = std::fs::read_dir("/etc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("link_remap"))
+        .count();
+    assert_eq!(host_etc, 0, "a link remap on the host");
+    assert_eq!(p.verdict(), "PASS");
+    d.fail_stop(&id);
+    let r = d.restore(&id);
+    assert_eq!(r.prefix, Some(1));
+    assert_eq!(d.sh(&id, "cat /work/marker").trim(), "one");
+}
+
+/// Python helper `other(code)`: runs `code` in a fresh python3 process (not a child sharing
+/// our locks' owner) and returns its stdout, stripped.
+const OTHER: &str = r#"
+import subprocess, fcntl, struct, errno
+def other(code):
+    r = subprocess.run(["python3", "-c", "import os, fcntl, struct, errno\n" + code], capture_output=True, text=True, timeout=30)
+    return (r.stdout + r.stderr).strip()
+F_OFD_GETLK, F_OFD_SETLK = 36, 37
+def flock_struct(kind, start=0, length=0):
+    return struct.pack("hhqqi", kind, 0, start, length, 0)
+"#;
+
+/// State: a POSIX (fcntl) write lock, as sqlite takes: after the restore it is still held by
+/// the restored process, and another process's `F_SETLK` is refused and `F_GETLK` names the
+/// holder.
+#[test]
+fn fcntl_lock_still_excludes_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "lk_posix",
+        &format!(
+            "{OTHER}{}",
+            r#"
+os.makedirs("/work", exist_ok=True)
+f = open("/work/posix.db", "w+b")
+f.write(b"x" * 100)
+f.flush()
+fcntl.lockf(f, fcntl.LOCK_EX, 50, 10)
+probe = """
+f = open('/work/posix.db', 'r+b')
+try:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 50, 10)
+    print('GOT')
+except OSError as e:
+    print('REFUSED', e.errno)
+r = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0))
+print('HOLDER', struct.unpack('hhqqi', r)[4])
+"""
+check(other(probe).startswith("REFUSED"), "not held before")
+ready()
+wait_term()
+out = other(probe)
+check(out.startswith("REFUSED"), f"another process got the lock after restore: {out}")
+check(f"HOLDER {os.getpid()}" in out, f"holder is not us: {out}")
+fcntl.lockf(f, fcntl.LOCK_UN, 50, 10)
+check(other(probe).startswith("GOT"), "still held after unlock")
+finish()
+"#
+        ),
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: a BSD `flock` exclusive lock: another process's `LOCK_EX | LOCK_NB` is refused
+/// after the restore, and succeeds once the restored holder unlocks.
+#[test]
+fn flock_still_excludes_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "lk_flock",
+        &format!(
+            "{OTHER}{}",
+            r#"
+os.makedirs("/work", exist_ok=True)
+f = open("/work/flock.lock", "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+probe = """
+f = open('/work/flock.lock')
+try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print('GOT')
+except OSError as e:
+    print('REFUSED', e.errno)
+"""
+check(other(probe).startswith("REFUSED"), "not held before")
+ready()
+wait_term()
+out = other(probe)
+check(out.startswith("REFUSED"), f"another process got the flock after restore: {out}")
+fcntl.flock(f, fcntl.LOCK_UN)
+check(other(probe).startswith("GOT"), "still held after unlock")
+finish()
+"#
+        ),
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: an open-file-description (OFD) write lock: another open file description's
+/// `F_OFD_SETLK` is refused after the restore.
+#[test]
+fn ofd_lock_still_excludes_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "lk_ofd",
+        &format!(
+            "{OTHER}{}",
+            r#"
+os.makedirs("/work", exist_ok=True)
+fd = os.open("/work/ofd.lock", os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.fcntl(fd, F_OFD_SETLK, flock_struct(fcntl.F_WRLCK))
+probe = """
+fd = os.open('/work/ofd.lock', os.O_RDWR)
+try:
+    fcntl.fcntl(fd, 37, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0))
+    print('GOT')
+except OSError as e:
+    print('REFUSED', e.errno)
+"""
+check(other(probe).startswith("REFUSED"), "not held before")
+ready()
+wait_term()
+out = other(probe)
+check(out.startswith("REFUSED"), f"another description got the OFD lock after restore: {out}")
+fcntl.fcntl(fd, F_OFD_SETLK, flock_struct(fcntl.F_UNLCK))
+check(other(probe).startswith("GOT"), "still held after unlock")
+finish()
+"#
+        ),
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// A lease probe: takes lease `kind` (`F_RDLCK` on a read-only fd, `F_WRLCK` on a write fd),
+/// asks for `SIGIO`-style break notification with `F_SETSIG` and, after the restore, lets a
+/// second process open the file `breaker_mode`; the break signal must arrive at the restored
+/// holder, which then releases the lease and the opener gets through.
+fn lease_probe(kind: &str, holder_flags: &str, breaker_mode: &str) -> String {
+    format!(
+        r#"
+os.makedirs("/work", exist_ok=True)
+path = "/work/lease_{kind}"
+with open(path, "w") as g:
+    g.write("data")
+broken = []
+fd = os.open(path, {holder_flags})
+def on_break(signum, frame):
+    broken.append(fcntl.fcntl(fd, fcntl.F_GETLEASE))
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+signal.signal(signal.SIGUSR1, on_break)
+fcntl.fcntl(fd, 10, signal.SIGUSR1)  # F_SETSIG
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_{kind})
+check(fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_{kind}, "lease not taken")
+ready()
+wait_term()
+check(fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_{kind}, f"lease after restore: {{fcntl.fcntl(fd, fcntl.F_GETLEASE)}}")
+t0 = time.time()
+opener = subprocess.Popen(["python3", "-c", "import os, time; t = time.time(); os.close(os.open('" + path + "', {breaker_mode})); print(round(time.time() - t, 2))"], stdout=subprocess.PIPE, text=True)
+while not broken and time.time() - t0 < 10:
+    time.sleep(0.01)
+out = opener.communicate(timeout=60)[0].strip()
+check(broken, "no lease-break signal after restore")
+check(float(out or 99) < 10, f"opener waited {{out}} s (lease never released)")
+finish()
+"#
+    )
+}
+
+/// State: a read lease (`F_SETLEASE F_RDLCK`) with `F_SETSIG`: after the restore it is still
+/// held, an opener for writing breaks it, and the break signal reaches the restored holder.
+#[test]
+fn read_lease_break_signal_arrives_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "lease_rd",
+        &format!(
+            "import subprocess, fcntl\n{}",
+            lease_probe("RDLCK", "os.O_RDONLY", "os.O_WRONLY")
+        ),
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: a write lease (`F_SETLEASE F_WRLCK`) with `F_SETSIG`: after the restore it is still
+/// held, an opener for reading breaks it, and the break signal reaches the restored holder.
+#[test]
+fn write_lease_break_signal_arrives_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "lease_wr",
+        &format!(
+            "import subprocess, fcntl\n{}",
+            lease_probe("WRLCK", "os.O_WRONLY", "os.O_RDONLY")
+        ),
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: file identity. `st_ino` of a file the sandbox wrote, of an image file, of a
+/// directory, and `st_dev` of the root, before and after the restore, as
+/// `docs/process-states.md` "File identity" states: image files keep `st_ino`; files of the
+/// upper layer and `st_dev` do not (a fresh overlay mount and fresh upper inodes); within one
+/// restored instance, names of one inode still agree (hard links stay one inode).
+#[test]
+fn file_identity_is_as_documented() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "identity",
+        r#"
+os.makedirs("/work/id", exist_ok=True)
+with open("/work/id/a", "w") as f:
+    f.write("a")
+os.link("/work/id/a", "/work/id/a2")
+paths = ["/work/id/a", "/work/id", "/usr/bin/python3", "/etc/passwd", "/"]
+before = {p: os.stat(p) for p in paths}
+held = open("/work/id/a")
+held_st = os.fstat(held.fileno())
+ready()
+wait_term()
+after = {p: os.stat(p) for p in paths}
+lines = []
+for p in paths:
+    lines.append(f"{p} ino {before[p].st_ino}->{after[p].st_ino} dev {before[p].st_dev}->{after[p].st_dev}")
+_put(f"{DIR}/{NAME}.ids", "\n".join(lines) + "\n")
+# Image files keep their inode numbers (same lower layer, xino).
+check(after["/usr/bin/python3"].st_ino == before["/usr/bin/python3"].st_ino, "image file ino changed")
+# Names of one inode agree, and the held fd is that inode.
+check(os.stat("/work/id/a2").st_ino == after["/work/id/a"].st_ino, "hard links split")
+st = os.fstat(held.fileno())
+check((st.st_ino, st.st_dev) == (after["/work/id/a"].st_ino, after["/work/id/a"].st_dev), "held fd is not the file at its path")
+# All files of the sandbox share one st_dev, before and after.
+check(len({s.st_dev for s in after.values()}) == 1, f"several st_dev after: {lines}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+    let ids = d.sh(&id, "cat /probes/identity.ids");
+    eprintln!("{ids}");
+}
