@@ -664,3 +664,50 @@ finish()
     let ids = d.sh(&id, "cat /probes/identity.ids");
     eprintln!("{ids}");
 }
+
+/// State: zdtm `file_lease02` — a read lease whose break is in progress at the checkpoint (a
+/// non-blocking conflicting open broke it, the holder has not released it yet). After the
+/// restore `F_GETLEASE` still reports the break's target (`F_UNLCK`), and the probe records
+/// how many break signals arrived after the restore in `/probes/lease_brk.signals` (CRIU
+/// breaks the lease once more while restoring; see docs/process-states.md).
+#[test]
+fn breaking_lease_is_still_breaking_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(
+        &d,
+        &id,
+        "lease_brk",
+        r#"
+import fcntl
+os.makedirs("/work", exist_ok=True)
+path = "/work/lease_brk"
+open(path, "w").close()
+sigs = []
+signal.signal(signal.SIGIO, lambda s, f: sigs.append(s))
+fd = os.open(path, os.O_RDONLY)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+fcntl.fcntl(fd, 10, signal.SIGIO)  # F_SETSIG
+try:
+    os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    check(False, "conflicting open got through")
+except BlockingIOError:
+    pass
+time.sleep(0.2)
+check(len(sigs) == 1, f"{len(sigs)} break signals before")
+check(fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_UNLCK, "not breaking before")
+sigs.clear()
+ready()
+wait_term()
+time.sleep(0.2)
+_put(f"{DIR}/{NAME}.signals", str(len(sigs)))
+check(fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_UNLCK, f"lease after restore: {fcntl.fcntl(fd, fcntl.F_GETLEASE)}")
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+    // CRIU's restore breaks the lease again: one more signal, as documented.
+    let signals = d.sh(&id, "cat /probes/lease_brk.signals");
+    assert_eq!(signals.trim(), "1", "break signals after the restore");
+}
