@@ -410,6 +410,11 @@ mod tests {
                 default_cpus: f64::NAN,
                 ..Config::default()
             },
+            Config {
+                dump_stage_bytes: 1 << 20,
+                criu_ghost_limit_bytes: 2 << 20,
+                ..Config::default()
+            },
         ] {
             assert!(bad.validate().is_err());
         }
@@ -419,6 +424,10 @@ mod tests {
         };
         assert!(c.validate().is_err());
         c.default_disk_max_bytes = 0;
+        assert!(c.validate().is_ok());
+        // Without a stage, ghosts go to the state dir: any limit.
+        c.dump_stage_bytes = 0;
+        c.criu_ghost_limit_bytes = u64::MAX;
         assert!(c.validate().is_ok());
     }
 
