@@ -710,3 +710,46 @@ finish()
     let signals = d.sh(&id, "cat /probes/lease_brk.signals");
     assert_eq!(signals.trim(), "1", "break signals after the restore");
 }
+
+/// State: an inotify watch on a file unlinked while it stays open (the watch pins the
+/// inode, `st_nlink` 0). CRIU dumps it but restores the watch dropped (`IN_IGNORED` and no
+/// further events), so the checkpoint is refused with a typed error naming the task, the
+/// inotify fd and the inode, and the previous checkpoint stays ready.
+#[test]
+fn inotify_watch_on_a_deleted_file_fails_the_checkpoint_precisely() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    d.sh(&id, "mkdir -p /work && echo one > /work/marker");
+    d.checkpoint(&id, 1, b"one");
+    let p = inotify_probe(
+        &d,
+        &id,
+        "in_del",
+        r#"
+os.makedirs("/work", exist_ok=True)
+path = "/work/gone"
+keep = open(path, "w")
+fd = in_init()
+in_watch(fd, path, IN_MODIFY)
+os.unlink(path)
+ready()
+wait_term()
+finish()
+"#,
+    );
+    match d.checkpoint_raw(&id, 2, b"two", None) {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::CheckpointFailed, "{e:?}");
+            assert!(
+                e.message.contains("watches deleted inode")
+                    && e.message.contains("through inotify fd 4"),
+                "{e:?}"
+            );
+        }
+        r => panic!("checkpoint with a watch on a deleted file passed: {r:?}"),
+    }
+    assert_eq!(d.inspect(&id).state, "running");
+    assert_eq!(p.verdict(), "PASS");
+    d.fail_stop(&id);
+    assert_eq!(d.restore(&id).prefix, Some(1));
+}

@@ -20,6 +20,7 @@ mod ghosts;
 pub mod remove;
 pub mod restore;
 pub mod state;
+mod watches;
 
 use std::fs;
 use std::path::{Path, PathBuf};
