@@ -74,6 +74,12 @@ pub struct Config {
     /// images while the sandbox is frozen, shared by concurrent checkpoints; 0: dump straight
     /// to the state dir. Memory is used only while dumps sit there.
     pub dump_stage_bytes: u64,
+    /// Largest deleted-but-open file (allocated bytes; a sparse file counts its data only)
+    /// a checkpoint copies into its CRIU images (`criu dump --ghost-limit`); a larger one
+    /// fails the checkpoint (`CheckpointFailed`, naming the file) and the previous one stays
+    /// ready. Ghost bytes are reserved in the dump stage with the sandbox's memory, so with
+    /// a stage this must not exceed `dump_stage_bytes`. Default 256 MiB.
+    pub criu_ghost_limit_bytes: u64,
     /// `memory.max` of sandboxes whose spec sets none, bytes; 0 = unlimited. Output an
     /// action leaves to background writers is charged to the sandbox too.
     pub default_memory_max_bytes: u64,
@@ -150,6 +156,7 @@ impl Default for Config {
             device_filter: crate::cgroup::DeviceFilter::Auto,
             blob_zstd_level: None,
             dump_stage_bytes: 8 << 30,
+            criu_ghost_limit_bytes: belayer_criu::DEFAULT_GHOST_LIMIT_BYTES,
             default_memory_max_bytes: 8 << 30,
             default_cpus: 4.0,
             max_sandboxes_per_uid: 256,
@@ -289,6 +296,12 @@ impl Config {
                 reason: "not a relative path",
             });
         }
+        if self.dump_stage_bytes > 0 && self.criu_ghost_limit_bytes > self.dump_stage_bytes {
+            return Err(ConfigError::Invalid {
+                field: "criu_ghost_limit_bytes",
+                reason: "above dump_stage_bytes",
+            });
+        }
         for m in &self.memory_servers {
             if m.validate().is_err() {
                 return Err(ConfigError::Invalid {
@@ -397,6 +410,11 @@ mod tests {
                 default_cpus: f64::NAN,
                 ..Config::default()
             },
+            Config {
+                dump_stage_bytes: 1 << 20,
+                criu_ghost_limit_bytes: 2 << 20,
+                ..Config::default()
+            },
         ] {
             assert!(bad.validate().is_err());
         }
@@ -406,6 +424,10 @@ mod tests {
         };
         assert!(c.validate().is_err());
         c.default_disk_max_bytes = 0;
+        assert!(c.validate().is_ok());
+        // Without a stage, ghosts go to the state dir: any limit.
+        c.dump_stage_bytes = 0;
+        c.criu_ghost_limit_bytes = u64::MAX;
         assert!(c.validate().is_ok());
     }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use crate::log::{LogLevel, LogTail};
+use crate::refusal::FileRefusal;
 use crate::run::{self, push, ChildSetup};
 use crate::{Criu, NetworkLock};
 
@@ -108,6 +109,20 @@ pub enum DumpError {
         pid: i32,
         /// CRIU's exit status.
         status: ExitStatus,
+        /// The end of CRIU's log, and its path.
+        log: LogTail,
+    },
+    /// `criu dump` refused a file of the tree ([`FileRefusal`]): a deleted-but-open file above
+    /// the ghost limit, or a file open under a removed name that another hard link keeps.
+    /// With `leave_running`, the tree runs on as for [`DumpError::Dump`].
+    #[error("criu dump of pid {pid} refused {}: {log}", describe(refusal, *ghost_limit))]
+    File {
+        /// The root task dumped.
+        pid: i32,
+        /// The file and why.
+        refusal: FileRefusal,
+        /// The request's [`DumpRequest::ghost_limit_bytes`].
+        ghost_limit: u64,
         /// The end of CRIU's log, and its path.
         log: LogTail,
     },
@@ -334,6 +349,18 @@ impl DumpRequest {
     }
 }
 
+/// The file and the reason of a [`DumpError::File`].
+fn describe(refusal: &FileRefusal, ghost_limit: u64) -> String {
+    match refusal {
+        FileRefusal::GhostTooLarge { path, bytes } => format!(
+            "deleted-but-open file {path}: {bytes} bytes allocated, above the ghost limit of {ghost_limit} bytes"
+        ),
+        FileRefusal::LinkRemap { path } => format!(
+            "file open under its removed name {path} while another hard link keeps it (no link remap is made in a sandbox)"
+        ),
+    }
+}
+
 /// `--manage-cgroups=soft|ignore` (CRIU's default without the flag is `soft`, so off is explicit).
 pub(crate) fn manage_cgroups_arg(on: bool) -> &'static str {
     if on {
@@ -421,6 +448,14 @@ impl DumpRequest {
         if !done.status.success() {
             let log = LogTail::collect(&self.log_path(), &done.stderr);
             tracing::debug!(pid = self.pid, status = %done.status, %log, "criu dump failed");
+            if let Some(refusal) = FileRefusal::from_log(&log) {
+                return Err(DumpError::File {
+                    pid: self.pid,
+                    refusal,
+                    ghost_limit: self.ghost_limit_bytes,
+                    log,
+                });
+            }
             return Err(DumpError::Dump {
                 pid: self.pid,
                 status: done.status,

@@ -40,7 +40,8 @@
 //! - `--ext-mount-map auto` (dump and restore): bind mounts whose source lies outside the sandbox's
 //!   mount namespace are recorded as external and re-created from the same host paths.
 //! - `--ghost-limit` (dump, 256 MiB by default): deleted-but-open files are copied into the images;
-//!   CRIU's 1 MiB default fails on the temp files agents keep open after unlinking.
+//!   CRIU's 1 MiB default fails on the temp files agents keep open after unlinking. A larger one
+//!   fails the dump with [`DumpError::File`] ([`FileRefusal::GhostTooLarge`]).
 //! - `--manage-cgroups=ignore` (both, by default): the agent owns cgroups; a restore joins the
 //!   fresh sandbox's cgroups *before* CRIU starts ([`RestoreRequest::join_cgroups`]), so the
 //!   restored tasks are born in them.
@@ -52,7 +53,8 @@
 //! - `--tcp-established`, `--file-locks`, `--network-lock`: off / CRIU's default unless asked for.
 //! - never `--link-remap` (dump): with it, CRIU would hard-link a deleted-but-linked file at a
 //!   name it builds from the file's path, resolved from the tree's root but with absolute
-//!   symbolic links of the sandbox resolved from the host root; without it such a dump fails.
+//!   symbolic links of the sandbox resolved from the host root; without it such a dump fails
+//!   with [`DumpError::File`] ([`FileRefusal::LinkRemap`]).
 //!
 //! # Restoring hostile images
 //! Part of a restore runs as host root from the host's root directory with paths from the
@@ -100,6 +102,7 @@ pub mod kdat;
 mod locate;
 pub mod log;
 mod options;
+mod refusal;
 mod restore;
 mod run;
 mod sys;
@@ -114,5 +117,6 @@ pub use kdat::{KdatCache, KdatError, KdatMode};
 pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN_MAJOR_VERSION};
 pub use log::{LogLevel, LogTail};
 pub use options::NetworkLock;
+pub use refusal::FileRefusal;
 pub use restore::{RestoreError, RestoreOutcome, RestoreRequest, RESTORE_LOG, RESTORE_PIDFILE};
 pub use sys::SyscallError;

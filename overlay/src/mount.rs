@@ -33,6 +33,12 @@ pub struct MountOptions<'a> {
     pub nodev: bool,
     /// `nosuid`: set-user-id and set-group-id bits and file capabilities are ignored.
     pub nosuid: bool,
+    /// `index=on,nfs_export=on`: file handles of the overlay's inodes can be opened again
+    /// (`open_by_handle_at`), which is how CRIU finds the path of an inotify or fanotify
+    /// watch; without it overlayfs hands out handles it cannot decode and CRIU refuses
+    /// the watch ("Can't dump that handle"). Copy-ups then also record an index entry in
+    /// the work dir (`work/index`), and a hard-linked lower file copied up stays one inode.
+    pub nfs_export: bool,
 }
 
 /// Why mounting, unmounting or inspecting mounts failed.
@@ -408,6 +414,12 @@ fn mount_fsopen(
         .map_err(|e| failed(&fs, "fsconfig(upperdir)", e))?;
     rustix::mount::fsconfig_set_string(&fs, "workdir", work)
         .map_err(|e| failed(&fs, "fsconfig(workdir)", e))?;
+    if opts.nfs_export {
+        for key in ["index", "nfs_export"] {
+            rustix::mount::fsconfig_set_string(&fs, key, "on")
+                .map_err(|e| failed(&fs, "fsconfig(index, nfs_export)", e))?;
+        }
+    }
     rustix::mount::fsconfig_create(&fs).map_err(|e| failed(&fs, "fsconfig(create)", e))?;
     let mut attrs = MountAttrFlags::empty();
     if opts.nodev {
@@ -516,6 +528,9 @@ fn mount_legacy(
     data.extend_from_slice(upper.as_os_str().as_bytes());
     data.extend_from_slice(b",workdir=");
     data.extend_from_slice(work.as_os_str().as_bytes());
+    if opts.nfs_export {
+        data.extend_from_slice(b",index=on,nfs_export=on");
+    }
     let data = CString::new(data)
         .map_err(|_| LegacyError::UnsupportedPath(PathBuf::from(OsStr::new("<path with NUL>"))))?;
     let mut flags = MountFlags::empty();

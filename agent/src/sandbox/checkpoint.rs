@@ -112,6 +112,19 @@ pub enum CheckpointError {
         #[source]
         source: belayer_criu::UnsafeImagePath,
     },
+    /// A task watches a deleted inode with inotify: CRIU would restore that watch dropped
+    /// (`IN_IGNORED`, no more events), so the checkpoint is refused.
+    #[error("sandbox {id}: pid {pid} watches deleted inode {ino} through inotify fd {fd}; its watch would not survive a restore")]
+    DeletedWatch {
+        /// Sandbox id.
+        id: String,
+        /// Host pid of the task holding the inotify fd.
+        pid: i32,
+        /// The inotify fd.
+        fd: u32,
+        /// The watched inode.
+        ino: u64,
+    },
     /// Writing an artifact failed.
     #[error("cannot write checkpoint artifact {path}")]
     Write {
@@ -242,12 +255,27 @@ fn take(
     let mut t = CheckpointTimings::default();
 
     let init_pid = rec.init_pid.unwrap_or(0);
-    // CRIU writes into the tmpfs stage when it has room (moved here after the thaw).
+    // Before the freeze (O(inotify watches)); racing it only costs the sandbox its own watch.
+    let pids = cgroup.pids().unwrap_or_default();
+    if let Some(w) = super::watches::deleted_watch(&pids, &slot.paths.merged(rec.instance)) {
+        return Err(CheckpointError::DeletedWatch {
+            id: id.clone(),
+            pid: w.pid,
+            fd: w.fd,
+            ino: w.ino,
+        });
+    }
+    // CRIU writes into the tmpfs stage when it has room (moved here after the thaw): the
+    // sandbox's memory and the deleted-but-open files it copies as ghosts.
+    let ghost_limit = rt.config.criu_ghost_limit_bytes;
     let stage = rt
         .stage
         .as_ref()
         .zip(cgroup.memory_current())
-        .and_then(|(stage, memory)| stage.reserve(memory));
+        .and_then(|(stage, memory)| {
+            let ghosts = super::ghosts::deleted_open_bytes(&pids, ghost_limit);
+            stage.reserve(memory.saturating_add(ghosts))
+        });
     let images_dir = stage
         .as_ref()
         .map_or(criu_dir.clone(), |slot| slot.dir().to_path_buf());
@@ -257,6 +285,7 @@ fn take(
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
         .file_locks(true)
+        .ghost_limit_bytes(ghost_limit)
         .network_lock(Some(NetworkLock::Skip))
         .time_limit(Some(super::criu_time_limit(
             cgroup.memory_current().unwrap_or(0),

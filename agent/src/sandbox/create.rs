@@ -303,6 +303,8 @@ impl Instance {
             idmap: userns.as_deref().map(std::os::fd::AsFd::as_fd),
             nodev: true,
             nosuid: true,
+            // Decodable file handles: CRIU resolves inotify watches through them.
+            nfs_export: true,
         };
         let mount =
             OverlayMount::mount_with(&[lower], &upper, &paths.work(n), &paths.merged(n), &opts)?;

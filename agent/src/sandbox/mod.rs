@@ -16,9 +16,11 @@
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
+mod ghosts;
 pub mod remove;
 pub mod restore;
 pub mod state;
+mod watches;
 
 use std::fs;
 use std::path::{Path, PathBuf};
