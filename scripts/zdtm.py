@@ -121,6 +121,8 @@ class Result:
     restore_fs_matches: Optional[bool] = None
     restore_processes_match: Optional[bool] = None
     output: str = ""
+    criu_log: str = ""
+    criu_cause: str = ""
 
 
 def make_vars(static: Path, names: List[str]) -> Dict[str, List[str]]:
@@ -379,6 +381,21 @@ class Daemon:
 # One test
 
 
+def criu_cause(criu_log: str) -> str:
+    """The first error of a CRIU log that names a cause: not CRIU's summary lines, not the
+    RLIMIT_NOFILE complaint every run in a sandbox logs."""
+    for ln in criu_log.splitlines():
+        m = re.search(r"Error \((\S+?)(?::\d+)?\): (.*)", ln)
+        if not m or _CRIU_NOISE.search(m.group(2)):
+            continue
+        return clip(f"{m.group(1)}: {m.group(2)}", 200)
+    return ""
+
+
+_CRIU_NOISE = re.compile(r"FAILED\.|failed with -\d+|exited, status=|RLIMIT_NOFILE for self|"
+                         r"cgroupd: recv req error")
+
+
 class Stop(Exception):
     """The run is being interrupted."""
 
@@ -425,7 +442,8 @@ class Runner:
                         c.destroy(sb.id)
                         self._untrack(sb.id)
                     except BelayerError as e:
-                        log(f"{t.name}: destroying sandbox {sb.id} failed: {e}")
+                        if not self.stop.is_set():  # else cleanup() removed it already
+                            log(f"{t.name}: destroying sandbox {sb.id} failed: {e}")
         except BelayerError as e:
             # The connection itself broke (daemon gone?).
             r.cls, r.reason = "fail", clip(f"runner: {e}")
@@ -436,6 +454,20 @@ class Runner:
     def _msg(self, e: BelayerError) -> str:
         """The daemon's error text, the private scratch dir shortened to ``<scratch>``."""
         return e.message.replace(str(self.daemon.dir), "<scratch>")
+
+    def _criu_log(self, e: BelayerError) -> str:
+        """The errors and the last lines of the CRIU log the daemon's message points at (read
+        before the sandbox, and its log, is removed)."""
+        m = re.search(r"\(log (/[^)]+\.log)\)", e.message)
+        if not m or not m.group(1).startswith(str(self.daemon.dir) + "/"):
+            return ""
+        try:
+            with open(m.group(1), errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError as err:
+            return f"(cannot read {m.group(1)}: {err})"
+        errors = [ln for ln in lines if re.search(r"\b(Error|Warn)\b", ln)]
+        return "\n".join(errors[-40:] + ["-- last lines --"] + lines[-30:])
 
     def _exec(self, c: belayer.Client, sid: str, cmd: str, timeout_s: float):
         return c.exec(sid, f"cd {GUEST_DIR} && {cmd}", int(timeout_s * 1000))
@@ -497,7 +529,8 @@ class Runner:
             r.checkpoint_ms, r.checkpoint_bytes = round(ck.total_ms, 1), ck.bytes
         except BelayerError as e:
             r.cls, r.reason = "checkpoint-failed", clip(self._msg(e))
-            r.output = self._msg(e)
+            r.output, r.criu_log = self._msg(e), self._criu_log(e)
+            r.criu_cause = criu_cause(r.criu_log)
             return
         self._check_stop()
         # 3. Fail-stop: SIGKILL every sandbox process from the host.
@@ -520,7 +553,8 @@ class Runner:
             r.restore_processes_match = ri.processes_match
         except BelayerError as e:
             r.cls, r.reason = "restore-failed", clip(self._msg(e))
-            r.output = self._msg(e)
+            r.output, r.criu_log = self._msg(e), self._criu_log(e)
+            r.criu_cause = criu_cause(r.criu_log)
             return
         self._track(sid, list(c.inspect(sid).pids))
         self._check_stop()
@@ -550,7 +584,9 @@ class Runner:
                 r.cls, r.reason = "pass", ""
             else:
                 r.cls = "fail"
-                r.reason = clip(out.strip()[-REASON_CHARS:] or "empty .out")
+                why = [ln.strip() for ln in out.splitlines() if re.search(r"\b(FAIL|ERR):", ln)]
+                r.reason = clip(" | ".join(why) if why else out.strip()[-REASON_CHARS:]
+                                or "empty .out")
             return
         try:
             alive = self._exec(c, sid, f"kill -0 \"$(cat {sh_quote(name)}.pid)\" 2>/dev/null "
@@ -613,6 +649,68 @@ class Runner:
 
 
 # ---------------------------------------------------------------------------------------------
+# Grouping failures by reason (--summarize)
+
+_CRIU_ERR = re.compile(r"Error \((criu/[^)]*)\): ([^|]*)")
+_TEST_ERR = re.compile(r"(?:ERR|FAIL): ([\w.+-]+\.c):\d+: ([^|]*?)(?= \d\d:\d\d:\d\d\.\d+:|$| ==)")
+
+
+def reason_key(cls: str, reason: str, cause: str = "") -> str:
+    """A reason with what varies between tests (ids, pids, numbers, file names of the test)
+    taken out, so that failures of one cause share a key."""
+    text = reason
+    # CRIU's own summary lines ("Restoring FAILED.", "Dump files ... failed with -1") say
+    # least: the first other error names the cause.
+    errs = [m for m in _CRIU_ERR.finditer(text)
+            if not re.search(r"FAILED\.|failed with -\d+", m.group(2))] or \
+        list(_CRIU_ERR.finditer(text))
+    if cls in ("checkpoint-failed", "restore-failed") and cause:
+        text = re.sub(r"^(\S+?)(:\d+)?: ", r"\1: ", cause)
+    elif cls in ("checkpoint-failed", "restore-failed") and errs:
+        where = re.sub(r":\d+$", "", errs[0].group(1))
+        text = f"{where}: {errs[0].group(2)}"
+    else:
+        m = _TEST_ERR.search(text)
+        if m:
+            text = m.group(2)
+        elif cls == "timeout":
+            text = "no .out after SIGTERM"
+    text = re.sub(r"sb-[0-9a-f]+", "sb-*", text)
+    text = re.sub(r"\b\d+\b", "N", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return f"{cls}: {clip(text, 110)}"
+
+
+def summarize(path: str) -> int:
+    """Prints the summary of a --json file and its failures grouped by reason (Markdown)."""
+    d = json.loads(Path(path).read_text())
+    counts = d["summary"]
+    print(f"{d['ran']} run of {d['selected']} selected (skipped {counts.get('skipped', 0)}), "
+          f"wall {d['wall_s']:.0f} s, jobs {d['jobs']}\n")
+    print("| class | count |\n|---|---:|")
+    for k in CLASSES:
+        print(f"| {k} | {counts.get(k, 0)} |")
+    groups: Dict[str, List[str]] = {}
+    for t in d["tests"]:
+        if t["class"] in ("pass", "skipped"):
+            continue
+        groups.setdefault(reason_key(t["class"], t["reason"], t.get("criu_cause", "")),
+                          []).append(t["name"])
+    print("\nFailures by reason (most common first):\n")
+    for key, names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"- **{key}** ({len(names)}): {', '.join(sorted(names))}")
+    skips: Dict[str, List[str]] = {}
+    for t in d["tests"]:
+        if t["class"] == "skipped":
+            skips.setdefault(re.sub(r"^[\w.+-]+\.checkskip", "T.checkskip", t["reason"]),
+                             []).append(t["name"])
+    print("\nSkipped:\n")
+    for key, names in sorted(skips.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"- {key} ({len(names)}): {', '.join(sorted(names))}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Main
 
 
@@ -637,6 +735,9 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--keep-state", action="store_true",
                    help="keep the scratch dir (daemon state and log) at the end")
     p.add_argument("--daemon-log", help="copy the daemon's log there at the end")
+    p.add_argument("--summarize", metavar="JSON",
+                   help="print the summary and the failures grouped by reason of a --json file "
+                        "(Markdown) and exit; runs nothing")
     a = p.parse_args(argv)
     if a.jobs < 1:
         p.error("--jobs must be at least 1")
@@ -663,6 +764,8 @@ class Interrupted(Exception):
 
 def main(argv: List[str]) -> int:
     a = parse_args(argv)
+    if a.summarize:
+        return summarize(a.summarize)
     zdtm = Path(a.zdtm_dir)
     image = Path(a.image_dir)
     tests = select(discover(zdtm), a)
@@ -705,6 +808,8 @@ def main(argv: List[str]) -> int:
         with print_lock:
             done_n[0] += 1
             extra = f": {r.reason}" if r.reason else ""
+            if r.criu_cause:
+                extra += f"\n{'':24s}cause in the CRIU log: {r.criu_cause}"
             print(f"[{done_n[0]:4d}/{total}] {r.cls:17s} {r.name} ({r.duration_s:.1f} s){extra}",
                   flush=True)
 
