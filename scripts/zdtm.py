@@ -669,6 +669,12 @@ def reason_key(cls: str, reason: str, cause: str = "") -> str:
     elif cls in ("checkpoint-failed", "restore-failed") and errs:
         where = re.sub(r":\d+$", "", errs[0].group(1))
         text = f"{where}: {errs[0].group(2)}"
+    elif re.search(r"sh: \d+: [\w.+-]+: not found", text):
+        text = "command missing in the image: " + ", ".join(
+            sorted(set(re.findall(r"sh: \d+: ([\w.+-]+): not found", text))))
+    elif "error while loading shared libraries" in text:
+        text = "library missing in the image: " + ", ".join(
+            sorted(set(re.findall(r"loading shared libraries: ([\w.+-]+?)\.so", text))))
     else:
         m = _TEST_ERR.search(text)
         if m:
