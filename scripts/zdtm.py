@@ -52,7 +52,7 @@ from typing import Dict, List, Optional, Tuple
 try:
     import belayer
     from belayer import BelayerError
-    from belayer.errors import UnknownSandboxError
+    from belayer.errors import DaemonConnectionError, UnknownSandboxError
 except ImportError as e:  # pragma: no cover - reported to the user
     sys.exit(f"zdtm: cannot import the belayer package ({e}); "
              "run: python3 -m pip install --no-deps --force-reinstall ./python")
@@ -277,7 +277,8 @@ class Skipper:
                 r = subprocess.run([str(chs)], cwd=self.static, capture_output=True,
                                    timeout=30)
                 if r.returncode != 0:
-                    return f"{t.name}.checkskip failed: {clip(r.stdout.decode(errors='replace') + r.stderr.decode(errors='replace'), 120)}"
+                    said = (r.stdout + r.stderr).decode(errors="replace")
+                    return f"{t.name}.checkskip failed: {clip(said, 120)}"
             except (OSError, subprocess.TimeoutExpired) as e:
                 return f"{t.name}.checkskip did not run: {e}"
         return None
@@ -310,7 +311,7 @@ class Daemon:
             self.proc = subprocess.Popen(
                 [self.binary, "--socket", self.socket, "--state-dir", str(self.state),
                  "--config", "/dev/null"],
-                env=dict(os.environ, BELAYER_CRIU=self.criu),
+                env=dict(os.environ, BELAYER_CRIU=self.criu, NO_COLOR="1"),
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -336,9 +337,10 @@ class Daemon:
 
     def log_tail(self, n: int = 2000) -> str:
         try:
-            return self.log.read_text(errors="replace")[-n:]
+            text = self.log.read_text(errors="replace")
         except OSError:
             return ""
+        return re.sub(r"\x1b\[[0-9;]*m", "", text)[-n:]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -453,7 +455,10 @@ class Runner:
 
     def _msg(self, e: BelayerError) -> str:
         """The daemon's error text, the private scratch dir shortened to ``<scratch>``."""
-        return e.message.replace(str(self.daemon.dir), "<scratch>")
+        text = e.message.replace(str(self.daemon.dir), "<scratch>")
+        if isinstance(e, DaemonConnectionError):
+            text = f"belayerd connection lost: {text}"
+        return text
 
     def _criu_log(self, e: BelayerError) -> str:
         """The errors and the last lines of the CRIU log the daemon's message points at (read
@@ -858,10 +863,11 @@ def main(argv: List[str]) -> int:
                 if not daemon.alive():
                     with state_lock:
                         if not daemon.alive() and not runner.stop.is_set():
-                            r.reason = clip(f"belayerd died during this test: "
-                                            f"{daemon.log_tail(300)} | {r.reason}")
-                            log(f"belayerd died (exit {daemon.proc.returncode if daemon.proc else '?'}); "
-                                "restarting it")
+                            code = daemon.proc.returncode if daemon.proc else "?"
+                            r.reason = clip(f"belayerd died (exit {code}) during this test | "
+                                            f"{r.reason}")
+                            log(f"belayerd died (exit {code}); restarting it (log: "
+                                f"{daemon.log_tail(300)!r})")
                             try:
                                 daemon.restarts += 1
                                 if daemon.restarts > 3:
