@@ -20,6 +20,13 @@ const TAIL_BYTES: u64 = 64 * 1024;
 /// How many of CRIU's `Error (...)` lines the one-line [`fmt::Display`] of a [`LogTail`] shows.
 const SHOWN_ERRORS: usize = 3;
 
+/// How many bytes from the start of the log are searched for its first error lines (the cause:
+/// in a restore, the errors at the end are the other tasks giving up after it).
+const HEAD_BYTES: u64 = 8 << 20;
+
+/// How many first error lines a [`LogTail`] keeps.
+const FIRST_ERRORS: usize = 3;
+
 /// CRIU's log verbosity (`-v<N>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogLevel {
@@ -56,6 +63,9 @@ pub struct LogTail {
     /// Its last lines (at most [`TAIL_LINES`]), followed by CRIU's stderr if it printed any (e.g.
     /// option errors found before the log was opened), each stderr line prefixed `stderr: `.
     pub lines: Vec<String>,
+    /// The first error lines of the whole log (at most 3 from its first 8 MiB), timestamps
+    /// stripped: usually the cause, which a long restore log pushes out of [`Self::lines`].
+    pub first_errors: Vec<String>,
 }
 
 impl LogTail {
@@ -76,6 +86,7 @@ impl LogTail {
         LogTail {
             path: path.to_path_buf(),
             lines,
+            first_errors: read_first_errors(path).unwrap_or_default(),
         }
     }
 
@@ -84,7 +95,7 @@ impl LogTail {
         self.lines
             .iter()
             .map(|l| strip_timestamp(l))
-            .filter(|l| l.starts_with("Error ") || l.starts_with("stderr: Error "))
+            .filter(|l| is_error(l) || l.starts_with("stderr: Error "))
     }
 
     /// Whether any tail line contains `needle` (e.g. `"File exists"`).
@@ -109,6 +120,11 @@ impl fmt::Display for LogTail {
         } else {
             errors[errors.len().saturating_sub(SHOWN_ERRORS)..].to_vec()
         };
+        if let Some(first) = self.first_errors.first() {
+            if !shown.iter().any(|l| l == first) {
+                write!(f, "first: {first} | ")?;
+            }
+        }
         if shown.is_empty() {
             write!(f, "empty log")?;
         } else {
@@ -128,6 +144,30 @@ fn strip_timestamp(line: &str) -> &str {
         }
     }
     line
+}
+
+/// Whether a log line (timestamp stripped) is one of CRIU's error lines: `Error (file:line): ...`,
+/// in a restore also after the task's pid (`1: Error (...)`) or `pie: 1: `.
+fn is_error(line: &str) -> bool {
+    match line.find("Error (") {
+        Some(0) => true,
+        Some(at) => line[..at]
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, ':' | ' ' | 'p' | 'i' | 'e')),
+        None => false,
+    }
+}
+
+fn read_first_errors(path: &Path) -> std::io::Result<Vec<String>> {
+    let mut bytes = Vec::new();
+    File::open(path)?.take(HEAD_BYTES).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(strip_timestamp)
+        .filter(|l| is_error(l))
+        .take(FIRST_ERRORS)
+        .map(str::to_string)
+        .collect())
 }
 
 fn read_tail(path: &Path) -> std::io::Result<Vec<String>> {
@@ -193,6 +233,31 @@ mod tests {
         assert_eq!(tail.lines.len(), TAIL_LINES);
         assert_eq!(tail.lines.last().unwrap(), "(00099999) line 99999");
         assert_eq!(tail.to_string().split(' ').next(), Some("line"));
+    }
+
+    #[test]
+    fn the_first_error_of_a_long_restore_log_is_shown() {
+        let mut text = String::from(
+            "(00.000100)      1: Error (criu/sk-tcp.c:101): Can't turn TCP repair mode ON\n",
+        );
+        text.extend((0..1000).map(|i| format!("(00.0{i:05}) line {i}\n")));
+        text.push_str("(00.900000) Error (criu/cr-restore.c:2500): Restoring FAILED.\n");
+        let (_dir, path) = write_log(&text);
+        let tail = LogTail::collect(&path, "");
+        assert_eq!(
+            tail.first_errors[0],
+            "1: Error (criu/sk-tcp.c:101): Can't turn TCP repair mode ON"
+        );
+        let shown = tail.to_string();
+        assert!(
+            shown.starts_with(
+                "first: 1: Error (criu/sk-tcp.c:101): Can't turn TCP repair mode ON | \
+                 Error (criu/cr-restore.c:2500): Restoring FAILED."
+            ),
+            "{shown}"
+        );
+        assert!(!is_error("line about an Error (in text)"));
+        assert!(is_error("pie: 12: Error (criu/pie/restorer.c:1): x"));
     }
 
     #[test]

@@ -63,6 +63,7 @@ mod tests {
         LogTail {
             path: "/w/dump.log".into(),
             lines: lines.iter().map(|l| l.to_string()).collect(),
+            first_errors: Vec::new(),
         }
     }
 
