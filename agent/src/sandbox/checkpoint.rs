@@ -112,6 +112,16 @@ pub enum CheckpointError {
         #[source]
         source: belayer_criu::UnsafeImagePath,
     },
+    /// The sandbox holds a process state CRIU cannot restore
+    /// ([`super::unrestorable`]): not published.
+    #[error("sandbox {id} cannot be checkpointed")]
+    Unsupported {
+        /// Sandbox id.
+        id: String,
+        /// The state.
+        #[source]
+        state: super::unrestorable::UnsupportedState,
+    },
     /// Writing an artifact failed.
     #[error("cannot write checkpoint artifact {path}")]
     Write {
@@ -256,6 +266,7 @@ fn take(
         .in_cgroupns(format!("/proc/{init_pid}/ns/cgroup"))
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
+        .skip_in_flight(true)
         .file_locks(true)
         .network_lock(Some(NetworkLock::Skip))
         .time_limit(Some(super::criu_time_limit(
@@ -291,6 +302,17 @@ fn take(
         }
         let freeze_ms = ms(t_freeze);
         fault(req.fault, FailPoint::AfterFreeze)?;
+        // Nothing of the sandbox can fork now: its pid counter is what the next fork uses.
+        let ns_last_pid = super::pid_counter::read(init_pid)
+            .inspect_err(|e| tracing::warn!(sandbox = %id, error = %e, "pid counter not recorded"))
+            .ok();
+        let pids = cgroup.pids().unwrap_or_default();
+        super::unrestorable::check_frozen(init_pid, &pids, rec.userns.is_some()).map_err(
+            |state| CheckpointError::Unsupported {
+                id: id.clone(),
+                state,
+            },
+        )?;
         let processes = super::process_list(&cgroup);
         let t_fs = Instant::now();
         let pending = capture_layer_rereading(
@@ -310,6 +332,7 @@ fn take(
             fs_ms,
             processes,
             pending,
+            ns_last_pid,
             dump_started: Instant::now(),
         })
     });
@@ -317,10 +340,15 @@ fn take(
         Ok((_, frozen)) => frozen,
         Err(GatedDumpError::Gate(e)) => return Err(e),
         Err(GatedDumpError::Dump(source)) => {
+            let pids = cgroup.pids().unwrap_or_default();
+            if let Some(state) = super::unrestorable::diagnose_dump_failure(&pids) {
+                tracing::debug!(sandbox = %id, error = %source, "dump failed on an unsupported state");
+                return Err(CheckpointError::Unsupported { id, state });
+            }
             return Err(CheckpointError::Dump {
                 id: id.clone(),
                 source,
-            })
+            });
         }
         Err(GatedDumpError::Setup { path, source }) => {
             return Err(CheckpointError::DumpStart {
@@ -333,7 +361,7 @@ fn take(
     t.freeze = frozen.freeze_ms;
     t.fs_capture = frozen.fs_ms;
     t.criu_dump = ms(frozen.dump_started);
-    let (processes, pending) = (frozen.processes, frozen.pending);
+    let (processes, pending, ns_last_pid) = (frozen.processes, frozen.pending, frozen.ns_last_pid);
     // While the tree is still what was dumped: a checkpoint whose restore would be refused
     // (a path of R_k through a symlink out of the sandbox) is not published, so the previous
     // good one stays ready (about a millisecond).
@@ -401,6 +429,7 @@ fn take(
         layer: summary,
         criu,
         processes,
+        ns_last_pid,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };
@@ -455,6 +484,7 @@ struct Frozen<'c, 's> {
     fs_ms: f64,
     processes: Vec<String>,
     pending: belayer_overlay::layer::PendingLayer<'s>,
+    ns_last_pid: Option<i32>,
     dump_started: Instant,
 }
 

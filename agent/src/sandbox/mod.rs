@@ -16,9 +16,12 @@
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
+pub mod net_lock;
+pub mod pid_counter;
 pub mod remove;
 pub mod restore;
 pub mod state;
+pub mod unrestorable;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -233,7 +233,7 @@ pub fn restore(
         // R_k's network namespace, made meanwhile (it takes a thread and ~1 ms).
         let netns = manifest
             .is_some()
-            .then(|| scope.spawn(|| sys::new_netns(rec.userns.is_some())));
+            .then(|| scope.spawn(|| locked_netns(&id, rec.userns.is_some())));
         let verifier = scope.spawn(|| {
             let t_verify = Instant::now();
             let result = match (&manifest, &layer) {
@@ -341,7 +341,7 @@ pub fn restore(
             let images = store.path(&m.checkpoint).join("criu");
             let netns = match netns {
                 Some(made) => made,
-                None => sys::new_netns(rec.userns.is_some()),
+                None => locked_netns(&id, rec.userns.is_some()),
             }
             .map_err(|source| RestoreError::Netns {
                 id: id.clone(),
@@ -371,6 +371,18 @@ pub fn restore(
                 id: id.clone(),
                 source,
             })?;
+            let t_unlock = Instant::now();
+            if let Err(e) = super::net_lock::unlock(std::os::fd::AsFd::as_fd(&netns)) {
+                tracing::warn!(sandbox = %id, error = %e, "network namespace not unlocked");
+            }
+            tracing::debug!(sandbox = %id, ms = ms(t_unlock), "network namespace unlocked");
+            // Before any action runs (and, with `verify`, before the tree resumes): the next
+            // fork gets the pid it would have got without the failure.
+            if let Some(last) = m.ns_last_pid {
+                if let Err(e) = super::pid_counter::write(outcome.pid, last) {
+                    tracing::warn!(sandbox = %id, error = %e, "pid counter not restored");
+                }
+            }
             if verify {
                 // The tree is stopped: list it exactly as CRIU rebuilt it, then let it run.
                 restored_processes = Some(super::process_list(instance.cgroup()));
@@ -433,6 +445,18 @@ pub fn restore(
         timings_ms: t,
         validity,
     })
+}
+
+/// A fresh network namespace for a restore, locked ([`super::net_lock`]) until CRIU is done;
+/// a lock that cannot be taken is logged and the restore goes on without it.
+fn locked_netns(id: &str, unprivileged_root: bool) -> sys::SysResult<std::os::fd::OwnedFd> {
+    let netns = sys::new_netns(unprivileged_root)?;
+    let t = Instant::now();
+    match super::net_lock::lock(std::os::fd::AsFd::as_fd(&netns)) {
+        Ok(()) => tracing::debug!(sandbox = %id, ms = ms(t), "network namespace locked"),
+        Err(e) => tracing::warn!(sandbox = %id, error = %e, "network namespace not locked"),
+    }
+    Ok(netns)
 }
 
 /// Checks every path the restore of the CRIU images in `images` would touch beneath `root`,
