@@ -303,6 +303,7 @@ fn take(
         let freeze_ms = ms(t_freeze);
         fault(req.fault, FailPoint::AfterFreeze)?;
         // Nothing of the sandbox can fork now: its pid counter is what the next fork uses.
+        let t_states = Instant::now();
         let ns_last_pid = super::pid_counter::read(init_pid)
             .inspect_err(|e| tracing::warn!(sandbox = %id, error = %e, "pid counter not recorded"))
             .ok();
@@ -313,6 +314,7 @@ fn take(
                 state,
             },
         )?;
+        tracing::debug!(sandbox = %id, ?ns_last_pid, processes = pids.len(), ms = ms(t_states), "pid counter read, states checked");
         let processes = super::process_list(&cgroup);
         let t_fs = Instant::now();
         let pending = capture_layer_rereading(

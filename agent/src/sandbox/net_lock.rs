@@ -17,14 +17,13 @@
 //! lock); once CRIU has exited, the table goes. What the kernel sent meanwhile is dropped and
 //! sent again by TCP's retransmission timer. Through libnftables (the library CRIU itself is
 //! built with, `scripts/setup.sh`), loaded at run time, so a node without it still restores
-//! trees without connections: [`lock`] then fails and the caller goes on unlocked.
-//! About 2 ms to lock (on a thread, while the checkpoint is verified) and 1 ms to unlock.
+//! trees without connections: [`NetLock::lock`] then fails and the caller goes on unlocked.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 
-/// Name of the table ([`lock`] creates it, [`unlock`] deletes it).
+/// Name of the table ([`NetLock::lock`] creates it, [`NetLock::unlock`] deletes it).
 pub const TABLE: &str = "inet belayer_restore_lock";
 
 const LOCK: &CStr = c"table inet belayer_restore_lock {
@@ -63,14 +62,71 @@ pub enum NetLockError {
     Panicked,
 }
 
-/// Blocks all traffic in the network namespace `netns` (an nsfs fd).
-pub fn lock(netns: BorrowedFd<'_>) -> Result<(), NetLockError> {
-    run(netns, LOCK, "create")
+/// A taken lock: an nftables context whose netlink socket lives in the locked namespace, so
+/// [`NetLock::unlock`] needs no `setns` (which can wait for an RCU grace period).
+#[derive(Debug)]
+pub struct NetLock {
+    ctx: std::ptr::NonNull<c_void>,
+    api: Api,
 }
 
-/// Lifts [`lock`]'s block in `netns`.
-pub fn unlock(netns: BorrowedFd<'_>) -> Result<(), NetLockError> {
-    run(netns, UNLOCK, "delete")
+// SAFETY: the context is used by one thread at a time (`NetLock` is owned, its methods take
+// `self` or `&mut self`); libnftables keeps no thread-local state in it.
+unsafe impl Send for NetLock {}
+
+impl NetLock {
+    /// Blocks all traffic in the network namespace `netns` (an nsfs fd).
+    pub fn lock(netns: BorrowedFd<'_>) -> Result<NetLock, NetLockError> {
+        let api = api()?;
+        let fd = netns.try_clone_to_owned().map_err(NetLockError::Enter)?;
+        std::thread::spawn(move || {
+            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| NetLockError::Enter(e.into()))?;
+            // SAFETY: nft_ctx_new takes flags only (0: NFT_CTX_DEFAULT); its netlink socket
+            // is opened here, inside `netns`.
+            let ctx = unsafe { (api.ctx_new)(0) };
+            let ctx = std::ptr::NonNull::new(ctx)
+                .ok_or_else(|| NetLockError::Load("nft_ctx_new failed".into()))?;
+            let mut lock = NetLock { ctx, api };
+            lock.run(LOCK, "create")?;
+            Ok(lock)
+        })
+        .join()
+        .unwrap_or(Err(NetLockError::Panicked))
+    }
+
+    /// Lifts the block.
+    pub fn unlock(mut self) -> Result<(), NetLockError> {
+        self.run(UNLOCK, "delete")
+    }
+
+    fn run(&mut self, cmd: &'static CStr, what: &'static str) -> Result<(), NetLockError> {
+        let (api, ctx) = (self.api, self.ctx.as_ptr());
+        // SAFETY: `ctx` is a live context owned by `self`; the commands are NUL-terminated;
+        // the error buffer is copied before the context is used again.
+        unsafe {
+            (api.buffer_output)(ctx);
+            (api.buffer_error)(ctx);
+            let rc = (api.run_cmd)(ctx, cmd.as_ptr());
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = (api.error_buffer)(ctx);
+            let message = if e.is_null() {
+                format!("error {rc}")
+            } else {
+                CStr::from_ptr(e).to_string_lossy().trim().to_string()
+            };
+            Err(NetLockError::Nft { what, message })
+        }
+    }
+}
+
+impl Drop for NetLock {
+    fn drop(&mut self) {
+        // SAFETY: frees the context this lock owns, once.
+        unsafe { (self.api.ctx_free)(self.ctx.as_ptr()) }
+    }
 }
 
 type CtxNew = unsafe extern "C" fn(u32) -> *mut c_void;
@@ -129,43 +185,4 @@ fn load() -> Result<Api, String> {
             run_cmd: std::mem::transmute::<*mut c_void, RunCmd>(sym(c"nft_run_cmd_from_buffer")?),
         })
     }
-}
-
-/// Runs `cmd` with libnftables on a thread inside `netns`.
-fn run(netns: BorrowedFd<'_>, cmd: &'static CStr, what: &'static str) -> Result<(), NetLockError> {
-    let api = api()?;
-    let fd = netns.try_clone_to_owned().map_err(NetLockError::Enter)?;
-    std::thread::spawn(move || {
-        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| NetLockError::Enter(e.into()))?;
-        // SAFETY: a context is made, used with NUL-terminated commands and freed on this
-        // thread; the error buffer is copied before the context is freed.
-        unsafe {
-            let ctx = (api.ctx_new)(0);
-            if ctx.is_null() {
-                return Err(NetLockError::Load("nft_ctx_new failed".into()));
-            }
-            (api.buffer_output)(ctx);
-            (api.buffer_error)(ctx);
-            let rc = (api.run_cmd)(ctx, cmd.as_ptr());
-            let message = if rc == 0 {
-                String::new()
-            } else {
-                let e = (api.error_buffer)(ctx);
-                if e.is_null() {
-                    format!("error {rc}")
-                } else {
-                    CStr::from_ptr(e).to_string_lossy().trim().to_string()
-                }
-            };
-            (api.ctx_free)(ctx);
-            if rc == 0 {
-                Ok(())
-            } else {
-                Err(NetLockError::Nft { what, message })
-            }
-        }
-    })
-    .join()
-    .unwrap_or(Err(NetLockError::Panicked))
 }

@@ -339,7 +339,7 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
-            let netns = match netns {
+            let (netns, lock) = match netns {
                 Some(made) => made,
                 None => locked_netns(&id, rec.userns.is_some()),
             }
@@ -372,10 +372,16 @@ pub fn restore(
                 source,
             })?;
             let t_unlock = Instant::now();
-            if let Err(e) = super::net_lock::unlock(std::os::fd::AsFd::as_fd(&netns)) {
-                tracing::warn!(sandbox = %id, error = %e, "network namespace not unlocked");
+            if let Some(lock) = lock {
+                match lock.unlock() {
+                    Ok(()) => {
+                        tracing::debug!(sandbox = %id, ms = ms(t_unlock), "network namespace unlocked")
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, error = %e, "network namespace not unlocked")
+                    }
+                }
             }
-            tracing::debug!(sandbox = %id, ms = ms(t_unlock), "network namespace unlocked");
             // Before any action runs (and, with `verify`, before the tree resumes): the next
             // fork gets the pid it would have got without the failure.
             if let Some(last) = m.ns_last_pid {
@@ -449,15 +455,24 @@ pub fn restore(
 
 /// A fresh network namespace for a restore, locked ([`super::net_lock`]) until CRIU is done;
 /// a lock that cannot be taken is logged and the restore goes on without it.
-fn locked_netns(id: &str, unprivileged_root: bool) -> sys::SysResult<std::os::fd::OwnedFd> {
+fn locked_netns(id: &str, unprivileged_root: bool) -> sys::SysResult<LockedNetns> {
     let netns = sys::new_netns(unprivileged_root)?;
     let t = Instant::now();
-    match super::net_lock::lock(std::os::fd::AsFd::as_fd(&netns)) {
-        Ok(()) => tracing::debug!(sandbox = %id, ms = ms(t), "network namespace locked"),
-        Err(e) => tracing::warn!(sandbox = %id, error = %e, "network namespace not locked"),
-    }
-    Ok(netns)
+    let lock = match super::net_lock::NetLock::lock(std::os::fd::AsFd::as_fd(&netns)) {
+        Ok(lock) => {
+            tracing::debug!(sandbox = %id, ms = ms(t), "network namespace locked");
+            Some(lock)
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "network namespace not locked");
+            None
+        }
+    };
+    Ok((netns, lock))
 }
+
+/// A fresh network namespace and its lock, if taken.
+type LockedNetns = (std::os::fd::OwnedFd, Option<super::net_lock::NetLock>);
 
 /// Checks every path the restore of the CRIU images in `images` would touch beneath `root`,
 /// allowing the sandbox's own binds of host paths ([`crate::helper::mount::host_binds`]).
