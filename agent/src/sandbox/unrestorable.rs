@@ -18,7 +18,7 @@
 //! (while the sandbox is frozen, they cannot change); no path inside the sandbox is used.
 
 /// `statfs` magic of the mqueue filesystem.
-const MQUEUE_MAGIC: i64 = 0x1980_0202;
+const MQUEUE_MAGIC: u64 = 0x1980_0202;
 
 /// Most file descriptors looked at per process when a failed dump is diagnosed.
 const MAX_FDS_SCANNED: usize = 65_536;
@@ -123,7 +123,7 @@ pub fn diagnose_dump_failure(pids: &[i32]) -> Option<UnsupportedState> {
             let Ok(st) = rustix::fs::statfs(entry.path()) else {
                 continue;
             };
-            if st.f_type as i64 == MQUEUE_MAGIC {
+            if st.f_type as u64 == MQUEUE_MAGIC {
                 return Some(UnsupportedState::PosixMqueue { pid, fd });
             }
         }
