@@ -125,6 +125,43 @@ finish()
     );
 }
 
+/// State (hostile): a process whose seccomp filter kills it on the calls CRIU's restorer makes
+/// after it has put the filters back (`rt_sigreturn`, `munmap`, `setresuid`, `setresgid`,
+/// `capset`, `setitimer`, `timer_settime`): CRIU suspends seccomp for the tasks it holds
+/// (`PTRACE_O_SUSPEND_SECCOMP`) until it lets them go, so the process comes back alive, with
+/// its filter.
+#[test]
+fn seccomp_filter_against_criu_restorer_survives() {
+    survives(
+        "seccomp_restorer",
+        r#"
+KILL_PROCESS = 0x80000000
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(r)
+    seccomp_filter({nr: KILL_PROCESS for nr in (15, 11, 117, 119, 126, 38, 223)})
+    os.write(w, str(seccomp_filters()).encode())
+    while True:
+        time.sleep(0.5)
+os.close(w)
+filters = int(os.read(r, 16))
+def child_state():
+    with open(f"/proc/{child}/status") as f:
+        st = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+    return st["State"].split()[0], int(st["Seccomp_filters"])
+check(child_state() == ("S", filters), f"child before: {child_state()}")
+ready()
+wait_term()
+state = child_state()
+check(state[0] in ("S", "R") and state[1] == filters, f"child after restore: {state}, filters {filters}")
+os.kill(child, signal.SIGKILL)
+os.waitpid(child, 0)
+finish()
+"#,
+    );
+}
+
 /// State: resource limits (zdtm `rlimits`), soft below hard.
 #[test]
 fn rlimits_survive() {
