@@ -308,7 +308,7 @@ fn take(
             .inspect_err(|e| tracing::warn!(sandbox = %id, error = %e, "pid counter not recorded"))
             .ok();
         let pids = cgroup.pids().unwrap_or_default();
-        super::unrestorable::check_frozen(init_pid, &pids, rec.userns.is_some()).map_err(
+        super::unrestorable::check_frozen(&pids).map_err(
             |state| CheckpointError::Unsupported {
                 id: id.clone(),
                 state,
@@ -375,6 +375,14 @@ fn take(
         id: id.clone(),
         source,
     })?;
+    if rec.userns.is_some() {
+        super::unrestorable::check_tcp_images(&images_dir).map_err(|state| {
+            CheckpointError::Unsupported {
+                id: id.clone(),
+                state,
+            }
+        })?;
+    }
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();

@@ -11,7 +11,13 @@
 //! and starts a child there (`CLONE_VM | CLONE_VFORK`: no copy of the daemon's memory); the
 //! child opens the host's procfs file (the daemon's mount namespace: no path inside the
 //! sandbox is used), writes it, leaves its verdict in the thread's memory and exits; the
-//! thread reaps it. The child costs the namespace a pid of its own, which is accounted for:
+//! thread reaps it.
+//!
+//! **The caller keeps the namespace's processes frozen** for the call: the child shares the
+//! daemon's memory and sits in the sandbox's pid namespace, where a running sandbox process
+//! could signal it or, in a sandbox in the host user namespace, try to `ptrace` it (it cannot
+//! be made non-dumpable: `PR_SET_DUMPABLE` is a property of the shared memory, so it would
+//! change the daemon's own). Frozen, no sandbox process runs while it exists. The child costs the namespace a pid of its own, which is accounted for:
 //! at checkpoint it writes back its own pid minus one (the next fork gets the child's pid
 //! again, as it would have without the read), at restore it writes the recorded value.
 //!
@@ -63,14 +69,14 @@ pub enum PidCounterError {
 }
 
 /// Reads the pid counter of the pid namespace of `pid` and leaves it as it was: returns the
-/// value to record (the counter the next fork in that namespace starts from). The namespace
-/// must not fork meanwhile (the sandbox is frozen).
+/// value to record (the counter the next fork in that namespace starts from). Every process
+/// of the namespace must be frozen (see the module docs).
 pub fn read(pid: i32) -> Result<i32, PidCounterError> {
     exchange(pid, None)
 }
 
 /// Sets the pid counter of the pid namespace of `pid` to `last`: the next fork there gets
-/// the first free pid above `last`.
+/// the first free pid above `last`. Every process of the namespace must be frozen.
 pub fn write(pid: i32, last: i32) -> Result<(), PidCounterError> {
     exchange(pid, Some(last)).map(|_| ())
 }
@@ -110,7 +116,7 @@ fn in_thread(pid: i32, ns: &OwnedFd, value: Option<i32>) -> Result<i32, PidCount
         0
     });
     // SAFETY: CLONE_VM | CLONE_VFORK: the child runs `cb` on its own stack, making only
-    // raw syscalls (prctl, getpid, open, write, close) and writing `outcome`, while this
+    // raw syscalls (getpid, open, write, close) and writing `outcome`, while this
     // thread waits for it to exit; nothing is allocated or locked in the child, and no copy of
     // the daemon's memory is made (a fork of the daemon took milliseconds).
     let child = unsafe {
@@ -143,9 +149,6 @@ fn in_thread(pid: i32, ns: &OwnedFd, value: Option<i32>) -> Result<i32, PidCount
 /// # Safety
 /// Only in the child of a `CLONE_VM | CLONE_VFORK` clone; `path` must be NUL-terminated.
 unsafe fn child_main(path: *const libc::c_char, value: Option<i32>) -> (bool, i32) {
-    // SAFETY: integer-only prctl; keeps sandbox processes from ptracing or inspecting this
-    // child (it shares the daemon's memory) while it sits in their pid namespace.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // The child's own pid came from the counter: one below it is where the counter stood
     // for the next fork (skipping pids in use changes nothing: the next fork skips them too).
     // SAFETY: getpid has no arguments (a raw syscall: glibc may cache the parent's pid).

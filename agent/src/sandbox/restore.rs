@@ -383,10 +383,22 @@ pub fn restore(
                 }
             }
             // Before any action runs (and, with `verify`, before the tree resumes): the next
-            // fork gets the pid it would have got without the failure.
+            // fork gets the pid it would have got without the failure. The tree is frozen
+            // meanwhile, as pid_counter requires.
             if let Some(last) = m.ns_last_pid {
-                if let Err(e) = super::pid_counter::write(outcome.pid, last) {
-                    tracing::warn!(sandbox = %id, error = %e, "pid counter not restored");
+                let t_pid = Instant::now();
+                let written = instance
+                    .cgroup()
+                    .freeze(Duration::from_millis(rt.config.freeze_timeout_ms))
+                    .map_err(|e| e.to_string())
+                    .and_then(|_frozen| {
+                        super::pid_counter::write(outcome.pid, last).map_err(|e| e.to_string())
+                    });
+                match written {
+                    Ok(()) => {
+                        tracing::debug!(sandbox = %id, last, ms = ms(t_pid), "pid counter restored")
+                    }
+                    Err(e) => tracing::warn!(sandbox = %id, error = %e, "pid counter not restored"),
                 }
             }
             if verify {

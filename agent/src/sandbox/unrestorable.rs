@@ -7,7 +7,8 @@
 //!   namespace CRIU recreates from the images, while the network namespace, made by the
 //!   daemon so that CRIU does not have to dump it, belongs to the host's: every restore of
 //!   such a checkpoint would fail ("Can't turn TCP repair mode ON: Operation not permitted"),
-//!   so the checkpoint is refused instead. Listening sockets need no repair mode and are fine.
+//!   so the checkpoint is refused instead (found in the dump's `files.img`). Listening
+//!   sockets need no repair mode and are fine.
 //! - **A non-default personality.** CRIU reads `/proc/<pid>/personality` at dump and never
 //!   sets it at restore: the process would silently come back as `PER_LINUX`.
 //! - **POSIX message queues.** CRIU cannot dump an fd of the `mqueue` filesystem (it looks for
@@ -15,7 +16,8 @@
 //!   to say why.
 //!
 //! Everything here reads the host's procfs for pids the daemon found in the sandbox's cgroup
-//! (while the sandbox is frozen, they cannot change); no path inside the sandbox is used.
+//! (while the sandbox is frozen, they cannot change), or CRIU's images; no path inside the
+//! sandbox is used.
 
 /// `statfs` magic of the mqueue filesystem.
 const MQUEUE_MAGIC: u64 = 0x1980_0202;
@@ -34,7 +36,7 @@ pub enum UnsupportedState {
     TcpInPrivateUserns {
         /// Connections found (sockets with an owner, neither listening nor closed).
         count: usize,
-        /// One of them, `local -> remote (state)`.
+        /// One of them: ports, kernel TCP state, family.
         example: String,
     },
     /// A process runs with a personality other than `PER_LINUX`.
@@ -55,15 +57,9 @@ pub enum UnsupportedState {
     },
 }
 
-/// Checks the frozen sandbox whose init is `init_pid` and whose processes are `pids` for
-/// states a restore could not bring back. `private_userns`: the sandbox has a user namespace
-/// of its own. Costs one read of `/proc/<pid>/personality` per process and of the namespace's
-/// TCP tables (tens of microseconds for a small sandbox).
-pub fn check_frozen(
-    init_pid: i32,
-    pids: &[i32],
-    private_userns: bool,
-) -> Result<(), UnsupportedState> {
+/// Checks the frozen sandbox's processes `pids` for states a restore could not bring back
+/// (one read of `/proc/<pid>/personality` each: a few microseconds per process).
+pub fn check_frozen(pids: &[i32]) -> Result<(), UnsupportedState> {
     for &pid in pids {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/personality")) else {
             continue;
@@ -74,35 +70,33 @@ pub fn check_frozen(
             }
         }
     }
-    if private_userns {
-        let mut count = 0;
-        let mut example = None;
-        for table in ["tcp", "tcp6"] {
-            let Ok(text) = std::fs::read_to_string(format!("/proc/{init_pid}/net/{table}")) else {
-                continue;
-            };
-            for conn in text.lines().skip(1).filter_map(parse_tcp_line) {
-                count += 1;
-                example.get_or_insert(conn);
-            }
-        }
-        if let Some(example) = example {
-            return Err(UnsupportedState::TcpInPrivateUserns { count, example });
-        }
-    }
     Ok(())
 }
 
-/// A line of `/proc/net/tcp{,6}` that is a connection CRIU restores in repair mode: owned by a
-/// socket (inode not 0) and neither `LISTEN` (0A) nor `CLOSE` (07). Returns
-/// `local -> remote (state)` in the table's hex notation.
-fn parse_tcp_line(line: &str) -> Option<String> {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let (local, remote, state, inode) = (f.get(1)?, f.get(2)?, f.get(3)?, f.get(9)?);
-    if *inode == "0" || *state == "0A" || *state == "07" {
-        return None;
+/// Checks a finished dump in `images` of a sandbox with a private user namespace for TCP
+/// connections (from CRIU's `files.img`, after the thaw: reading the namespace's
+/// `/proc/net/tcp{,6}` walks the host's whole TCP hash, ≈4 ms each, too long for the frozen
+/// window). An unreadable `files.img` is left to the path check, which reads it too.
+pub fn check_tcp_images(images: &std::path::Path) -> Result<(), UnsupportedState> {
+    match belayer_criu::tcp_connections(images) {
+        Ok(conns) => match conns.first() {
+            None => Ok(()),
+            Some(c) => Err(UnsupportedState::TcpInPrivateUserns {
+                count: conns.len(),
+                example: format!(
+                    "port {} -> {} (state {}{})",
+                    c.src_port,
+                    c.dst_port,
+                    c.state,
+                    if c.family == 10 { ", IPv6" } else { "" }
+                ),
+            }),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the dump's TCP connections");
+            Ok(())
+        }
     }
-    Some(format!("{local} -> {remote} (state {state})"))
 }
 
 /// After a failed dump: a state of `pids` that explains it, if one is known.
@@ -136,23 +130,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_owned_connections_count() {
-        let est = "   1: 0100007F:A1B2 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 12345 1 0000000000000000 20 4 30 10 -1";
-        let listen = "   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12344 1 0000000000000000 100 0 0 10 0";
-        let unaccepted = "   2: 0100007F:1F90 0100007F:A1B3 01 00000000:00000000 00:00000000 00000000     0        0 0 1 0000000000000000 20 4 30 10 -1";
-        assert_eq!(
-            parse_tcp_line(est).as_deref(),
-            Some("0100007F:A1B2 -> 0100007F:1F90 (state 01)")
-        );
-        assert_eq!(parse_tcp_line(listen), None);
-        assert_eq!(parse_tcp_line(unaccepted), None);
-        assert_eq!(parse_tcp_line("garbage"), None);
-    }
-
-    #[test]
     fn this_process_has_nothing_unsupported() {
         let me = std::process::id() as i32;
-        assert_eq!(check_frozen(me, &[me], false), Ok(()));
+        assert_eq!(check_frozen(&[me]), Ok(()));
         assert_eq!(diagnose_dump_failure(&[me]), None);
     }
 }
