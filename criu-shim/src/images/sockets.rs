@@ -85,8 +85,7 @@ fn entry(msg: &[u8], base: u64) -> Result<Option<TcpConnection>, super::wire::Wi
     };
     let (mut ino, mut family, mut proto, mut state, mut src_port, mut dst_port) =
         (0, 0, 0, 0, 0, 0);
-    let mut it = Fields::new(isk, at);
-    while let Some(f) = it.next() {
+    for f in Fields::new(isk, at) {
         let (n, v) = f?;
         let x = v.u32().unwrap_or(0);
         match n {
