@@ -237,7 +237,7 @@ check(s.recv(100) == b"new", "new client not served")
 finish()
 "#;
 
-/// State (hostile): a sandbox holding many loopback connections (400 pairs, idle) and eight
+/// State (hostile): a sandbox holding thousands of loopback connections (1000 pairs, idle) and eight
 /// pairs with both send queues flooded to the kernel's limit, in the host user namespace:
 /// the checkpoint and restore end well inside CRIU's time limit, and afterwards every idle
 /// connection still carries data and every flooded one delivers its whole queue in order.
@@ -264,12 +264,12 @@ def pattern(n, off):
     return bytes((off + i) % 251 for i in range(n))
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
-srv.listen(512)
+srv.listen(1024)
 def pair():
     a = socket.create_connection(srv.getsockname())
     b, _ = srv.accept()
     return a, b
-idle = [pair() for _ in range(400)]
+idle = [pair() for _ in range(1000)]
 def fill(s):
     s.setblocking(False)
     sent = 0
@@ -286,9 +286,10 @@ def drain(s, want):
     s.setblocking(False)
     got = bytearray()
     deadline = time.time() + 30
+    p = select.poll()
+    p.register(s, select.POLLIN)
     while len(got) < want and time.time() < deadline:
-        r, _, _ = select.select([s], [], [], 0.5)
-        if r:
+        if p.poll(500):
             data = s.recv(1 << 20)
             if not data:
                 break
