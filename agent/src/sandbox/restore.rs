@@ -384,12 +384,13 @@ pub fn restore(
             }
             // Before any action runs (and, with `verify`, before the tree resumes): the next
             // fork gets the pid it would have got without the failure. The tree is frozen
-            // meanwhile, as pid_counter requires.
+            // meanwhile, as pid_counter requires (at most a second: a tree that will not
+            // freeze keeps CRIU's counter rather than delaying the restore).
             if let Some(last) = m.ns_last_pid {
                 let t_pid = Instant::now();
                 let written = instance
                     .cgroup()
-                    .freeze(Duration::from_millis(rt.config.freeze_timeout_ms))
+                    .freeze(Duration::from_millis(rt.config.freeze_timeout_ms.min(1000)))
                     .map_err(|e| e.to_string())
                     .and_then(|_frozen| {
                         super::pid_counter::write(outcome.pid, last).map_err(|e| e.to_string())
