@@ -41,6 +41,9 @@
 //! kernel's install cost at every exec and restored process low; links the system's
 //! libseccomp ≥ 2.5), `seccompiler` (only its `apply_filter`: installs an exported program
 //! without allocating, safe between `fork` and `execve`); `tar` for tests only.
+//! At run time, not linked: `libnftables.so.1` (`dlopen`ed by `sandbox::net_lock` to lock a
+//! restore's network namespace; the library CRIU is built with; without it restores go on
+//! unlocked).
 #![warn(missing_docs)]
 
 pub mod cgroup;

@@ -26,6 +26,7 @@ pub struct DumpRequest {
     leave_running: bool,
     freeze_cgroup: Option<PathBuf>,
     tcp_established: bool,
+    skip_in_flight: bool,
     file_locks: bool,
     ext_mount_auto: bool,
     ghost_limit_bytes: u64,
@@ -164,6 +165,7 @@ impl DumpRequest {
             leave_running: true,
             freeze_cgroup: None,
             tcp_established: false,
+            skip_in_flight: false,
             file_locks: false,
             ext_mount_auto: true,
             ghost_limit_bytes: DEFAULT_GHOST_LIMIT_BYTES,
@@ -197,6 +199,15 @@ impl DumpRequest {
     /// `--tcp-established`: dump established TCP connections (restore must say so too).
     pub fn tcp_established(mut self, on: bool) -> Self {
         self.tcp_established = on;
+        self
+    }
+
+    /// `--skip-in-flight`: connections still in a listening socket's accept queue (not yet
+    /// `accept`ed) are left out instead of failing the dump. Their client ends, established,
+    /// are dumped; after a restore the server never sees them and the client's next segment
+    /// is answered with RST (`ECONNRESET`), as after a network failure.
+    pub fn skip_in_flight(mut self, on: bool) -> Self {
+        self.skip_in_flight = on;
         self
     }
 
@@ -330,6 +341,9 @@ impl DumpRequest {
         }
         if self.tcp_established {
             a.push("--tcp-established".into());
+        }
+        if self.skip_in_flight {
+            a.push("--skip-in-flight".into());
         }
         if self.file_locks {
             a.push("--file-locks".into());
@@ -543,6 +557,7 @@ mod tests {
         for absent in [
             "--freeze-cgroup",
             "--tcp-established",
+            "--skip-in-flight",
             "--file-locks",
             "--timeout",
         ] {
@@ -556,6 +571,7 @@ mod tests {
             .leave_running(false)
             .freeze_cgroup("/sys/fs/cgroup/unified/sb")
             .tcp_established(true)
+            .skip_in_flight(true)
             .file_locks(true)
             .ext_mount_auto(false)
             .ghost_limit_bytes(1024)
@@ -567,6 +583,7 @@ mod tests {
         for expected in [
             "--freeze-cgroup /sys/fs/cgroup/unified/sb",
             "--tcp-established",
+            "--skip-in-flight",
             "--file-locks",
             "--ghost-limit 1024",
             "--manage-cgroups=soft",

@@ -125,6 +125,16 @@ pub enum CheckpointError {
         /// The watched inode.
         ino: u64,
     },
+    /// The sandbox holds a process state CRIU cannot restore
+    /// ([`super::unrestorable`]): not published.
+    #[error("sandbox {id} cannot be checkpointed")]
+    Unsupported {
+        /// Sandbox id.
+        id: String,
+        /// The state.
+        #[source]
+        state: super::unrestorable::UnsupportedState,
+    },
     /// Writing an artifact failed.
     #[error("cannot write checkpoint artifact {path}")]
     Write {
@@ -284,6 +294,7 @@ fn take(
         .in_cgroupns(format!("/proc/{init_pid}/ns/cgroup"))
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
+        .skip_in_flight(true)
         .file_locks(true)
         .ghost_limit_bytes(ghost_limit)
         .network_lock(Some(NetworkLock::Skip))
@@ -320,6 +331,19 @@ fn take(
         }
         let freeze_ms = ms(t_freeze);
         fault(req.fault, FailPoint::AfterFreeze)?;
+        // Nothing of the sandbox can fork now: its pid counter is what the next fork uses.
+        let t_states = Instant::now();
+        let ns_last_pid = super::pid_counter::read(init_pid)
+            .inspect_err(|e| tracing::warn!(sandbox = %id, error = %e, "pid counter not recorded"))
+            .ok();
+        let pids = cgroup.pids().unwrap_or_default();
+        super::unrestorable::check_frozen(&pids).map_err(
+            |state| CheckpointError::Unsupported {
+                id: id.clone(),
+                state,
+            },
+        )?;
+        tracing::debug!(sandbox = %id, ?ns_last_pid, processes = pids.len(), ms = ms(t_states), "pid counter read, states checked");
         let processes = super::process_list(&cgroup);
         let t_fs = Instant::now();
         let pending = capture_layer_rereading(
@@ -339,6 +363,7 @@ fn take(
             fs_ms,
             processes,
             pending,
+            ns_last_pid,
             dump_started: Instant::now(),
         })
     });
@@ -346,10 +371,15 @@ fn take(
         Ok((_, frozen)) => frozen,
         Err(GatedDumpError::Gate(e)) => return Err(e),
         Err(GatedDumpError::Dump(source)) => {
+            let pids = cgroup.pids().unwrap_or_default();
+            if let Some(state) = super::unrestorable::diagnose_dump_failure(&pids) {
+                tracing::debug!(sandbox = %id, error = %source, "dump failed on an unsupported state");
+                return Err(CheckpointError::Unsupported { id, state });
+            }
             return Err(CheckpointError::Dump {
                 id: id.clone(),
                 source,
-            })
+            });
         }
         Err(GatedDumpError::Setup { path, source }) => {
             return Err(CheckpointError::DumpStart {
@@ -362,7 +392,7 @@ fn take(
     t.freeze = frozen.freeze_ms;
     t.fs_capture = frozen.fs_ms;
     t.criu_dump = ms(frozen.dump_started);
-    let (processes, pending) = (frozen.processes, frozen.pending);
+    let (processes, pending, ns_last_pid) = (frozen.processes, frozen.pending, frozen.ns_last_pid);
     // While the tree is still what was dumped: a checkpoint whose restore would be refused
     // (a path of R_k through a symlink out of the sandbox) is not published, so the previous
     // good one stays ready (about a millisecond).
@@ -374,6 +404,14 @@ fn take(
         id: id.clone(),
         source,
     })?;
+    if rec.userns.is_some() {
+        super::unrestorable::check_tcp_images(&images_dir).map_err(|state| {
+            CheckpointError::Unsupported {
+                id: id.clone(),
+                state,
+            }
+        })?;
+    }
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
@@ -430,6 +468,7 @@ fn take(
         layer: summary,
         criu,
         processes,
+        ns_last_pid,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };
@@ -484,6 +523,7 @@ struct Frozen<'c, 's> {
     fs_ms: f64,
     processes: Vec<String>,
     pending: belayer_overlay::layer::PendingLayer<'s>,
+    ns_last_pid: Option<i32>,
     dump_started: Instant,
 }
 

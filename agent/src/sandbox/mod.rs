@@ -17,9 +17,12 @@ pub mod checkpoint;
 pub mod create;
 pub mod exec;
 mod ghosts;
+pub mod net_lock;
+pub mod pid_counter;
 pub mod remove;
 pub mod restore;
 pub mod state;
+pub mod unrestorable;
 mod watches;
 
 use std::fs;

@@ -233,7 +233,7 @@ pub fn restore(
         // R_k's network namespace, made meanwhile (it takes a thread and ~1 ms).
         let netns = manifest
             .is_some()
-            .then(|| scope.spawn(|| sys::new_netns(rec.userns.is_some())));
+            .then(|| scope.spawn(|| locked_netns(&id, rec.userns.is_some())));
         let verifier = scope.spawn(|| {
             let t_verify = Instant::now();
             let result = match (&manifest, &layer) {
@@ -339,9 +339,9 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
-            let netns = match netns {
+            let (netns, lock) = match netns {
                 Some(made) => made,
-                None => sys::new_netns(rec.userns.is_some()),
+                None => locked_netns(&id, rec.userns.is_some()),
             }
             .map_err(|source| RestoreError::Netns {
                 id: id.clone(),
@@ -371,6 +371,37 @@ pub fn restore(
                 id: id.clone(),
                 source,
             })?;
+            let t_unlock = Instant::now();
+            if let Some(lock) = lock {
+                match lock.unlock() {
+                    Ok(()) => {
+                        tracing::debug!(sandbox = %id, ms = ms(t_unlock), "network namespace unlocked")
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, error = %e, "network namespace not unlocked")
+                    }
+                }
+            }
+            // Before any action runs (and, with `verify`, before the tree resumes): the next
+            // fork gets the pid it would have got without the failure. The tree is frozen
+            // meanwhile, as pid_counter requires (at most a second: a tree that will not
+            // freeze keeps CRIU's counter rather than delaying the restore).
+            if let Some(last) = m.ns_last_pid {
+                let t_pid = Instant::now();
+                let written = instance
+                    .cgroup()
+                    .freeze(Duration::from_millis(rt.config.freeze_timeout_ms.min(1000)))
+                    .map_err(|e| e.to_string())
+                    .and_then(|_frozen| {
+                        super::pid_counter::write(outcome.pid, last).map_err(|e| e.to_string())
+                    });
+                match written {
+                    Ok(()) => {
+                        tracing::debug!(sandbox = %id, last, ms = ms(t_pid), "pid counter restored")
+                    }
+                    Err(e) => tracing::warn!(sandbox = %id, error = %e, "pid counter not restored"),
+                }
+            }
             if verify {
                 // The tree is stopped: list it exactly as CRIU rebuilt it, then let it run.
                 restored_processes = Some(super::process_list(instance.cgroup()));
@@ -434,6 +465,27 @@ pub fn restore(
         validity,
     })
 }
+
+/// A fresh network namespace for a restore, locked ([`super::net_lock`]) until CRIU is done;
+/// a lock that cannot be taken is logged and the restore goes on without it.
+fn locked_netns(id: &str, unprivileged_root: bool) -> sys::SysResult<LockedNetns> {
+    let netns = sys::new_netns(unprivileged_root)?;
+    let t = Instant::now();
+    let lock = match super::net_lock::NetLock::lock(std::os::fd::AsFd::as_fd(&netns)) {
+        Ok(lock) => {
+            tracing::debug!(sandbox = %id, ms = ms(t), "network namespace locked");
+            Some(lock)
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "network namespace not locked");
+            None
+        }
+    };
+    Ok((netns, lock))
+}
+
+/// A fresh network namespace and its lock, if taken.
+type LockedNetns = (std::os::fd::OwnedFd, Option<super::net_lock::NetLock>);
 
 /// Checks every path the restore of the CRIU images in `images` would touch beneath `root`,
 /// allowing the sandbox's own binds of host paths ([`crate::helper::mount::host_binds`]).

@@ -74,6 +74,11 @@ pub struct Manifest {
     /// Processes of the sandbox when it was frozen, `"<pid in the sandbox> <comm>"`, sorted.
     #[serde(default)]
     pub processes: Vec<String>,
+    /// The sandbox pid namespace's `ns_last_pid` when it was frozen (see
+    /// [`crate::sandbox::pid_counter`]); written back after a restore. Absent from manifests
+    /// written before it was recorded, and when it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_last_pid: Option<i32>,
     /// Phase timings of the checkpoint, ms (publish and total are those known when written).
     pub timings_ms: CheckpointTimings,
     /// Publication time, ms since the Unix epoch.

@@ -414,6 +414,7 @@ mod tests {
             layer: LayerSummary::default(),
             criu: vec![],
             processes: vec![],
+            ns_last_pid: None,
             timings_ms: Default::default(),
             created_unix_ms: 0,
         };

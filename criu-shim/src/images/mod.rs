@@ -97,6 +97,7 @@ mod entries;
 mod error;
 mod fs;
 mod mounts;
+mod sockets;
 #[cfg(test)]
 mod testutil;
 mod tmpfs;
@@ -106,6 +107,7 @@ mod wire;
 
 pub use error::{PathOp, UnsafeImagePath, UnsafeKind};
 pub use mounts::AllowedBind;
+pub use sockets::{tcp_connections, SocketImageError, TcpConnection};
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
 pub use ttys::PTY_OPEN_TRIES;
 pub use validate::{validate_restore_paths, validate_restore_paths_allowing, ImagePathReport};
