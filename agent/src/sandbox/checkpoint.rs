@@ -100,7 +100,7 @@ pub enum CheckpointError {
         id: String,
         /// Cause.
         #[source]
-        source: belayer_criu::DumpError,
+        source: Box<belayer_criu::DumpError>,
     },
     /// The dump refers to paths a restore would have to refuse (e.g. through a symlink the
     /// sandbox planted out of its root): not published.
@@ -378,7 +378,7 @@ fn take(
             }
             return Err(CheckpointError::Dump {
                 id: id.clone(),
-                source,
+                source: Box::new(source),
             });
         }
         Err(GatedDumpError::Setup { path, source }) => {

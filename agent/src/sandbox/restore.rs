@@ -85,7 +85,7 @@ pub enum RestoreError {
         id: String,
         /// Cause.
         #[source]
-        source: belayer_criu::RestoreError,
+        source: Box<belayer_criu::RestoreError>,
     },
     /// A path of the checkpoint's CRIU images would make the restore (host root) create,
     /// open or remove something outside the fresh root, or cannot be checked; CRIU did not run.
@@ -369,7 +369,7 @@ pub fn restore(
                 )));
             let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
                 id: id.clone(),
-                source,
+                source: Box::new(source),
             })?;
             let t_unlock = Instant::now();
             if let Some(lock) = lock {
