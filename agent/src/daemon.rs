@@ -27,6 +27,7 @@ mod brief;
 pub mod contexts;
 mod create_api;
 mod image_api;
+mod reap;
 pub mod rollout_api;
 mod start;
 
@@ -261,16 +262,10 @@ impl Agent {
         }
     }
 
-    /// Reaps exited sandbox inits (they are our children, directly or as subreaper).
+    /// Reaps exited sandbox processes and CRIU's orphans (our children, directly or as
+    /// subreaper); see [`reap`] for the rule.
     fn reap(&self) {
-        let pids: Vec<i32> = self
-            .registry()
-            .values()
-            .filter_map(|s| s.record().init_pid)
-            .collect();
-        for pid in pids {
-            sys::try_reap(pid);
-        }
+        reap::reap_sandbox_zombies();
     }
 
     fn ready_prefix(slot: &SandboxSlot) -> Option<u64> {

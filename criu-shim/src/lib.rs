@@ -115,4 +115,5 @@ pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN
 pub use log::{LogLevel, LogTail};
 pub use options::NetworkLock;
 pub use restore::{RestoreError, RestoreOutcome, RestoreRequest, RESTORE_LOG, RESTORE_PIDFILE};
+pub use run::reap_orphans;
 pub use sys::SyscallError;

@@ -347,6 +347,7 @@ pub fn status_of(code: ErrorCode) -> c_int {
         ErrorCode::Internal => BELAYER_E_INTERNAL,
         ErrorCode::NotFound => BELAYER_E_NOT_FOUND,
         ErrorCode::Busy => BELAYER_E_BUSY,
+        ErrorCode::RestoreTimedOut => BELAYER_E_RESTORE_TIMED_OUT,
     }
 }
 
@@ -638,6 +639,7 @@ pub extern "C" fn belayer_status_name(code: c_int) -> *const c_char {
         BELAYER_E_INTERNAL => "BELAYER_E_INTERNAL\0",
         BELAYER_E_NOT_FOUND => "BELAYER_E_NOT_FOUND\0",
         BELAYER_E_BUSY => "BELAYER_E_BUSY\0",
+        BELAYER_E_RESTORE_TIMED_OUT => "BELAYER_E_RESTORE_TIMED_OUT\0",
         BELAYER_E_PANIC => "BELAYER_E_PANIC\0",
         _ => "BELAYER_E_UNKNOWN\0",
     };
