@@ -458,6 +458,19 @@ mod tests {
     }
 
     #[test]
+    fn criu_time_limit_is_base_plus_per_gib() {
+        let d = Config::default();
+        assert_eq!(d.criu_time_limit(0), Duration::from_secs(60));
+        assert_eq!(d.criu_time_limit(3 << 30), Duration::from_secs(72));
+        let c: Config =
+            toml::from_str("criu_time_limit_base_ms = 20\ncriu_time_limit_per_gib_ms = 0\n")
+                .unwrap();
+        assert_eq!(c.criu_time_limit(5 << 30), Duration::from_millis(20));
+        let zero: Config = toml::from_str("criu_time_limit_base_ms = 0\n").unwrap();
+        assert!(zero.validate().is_err());
+    }
+
+    #[test]
     fn disk_limit_defaults_to_10_gib() {
         assert_eq!(Config::default().default_disk_max_bytes, 10 << 30);
         let c: Config = toml::from_str("default_disk_max_bytes = 0\n").unwrap();

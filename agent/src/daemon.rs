@@ -130,8 +130,11 @@ impl Agent {
     /// manifest cannot be read keeps nothing alive (it cannot be restored either); an old
     /// format checkpoint refers to no blobs. Returns the bytes freed.
     fn collect_blobs(&self) -> u64 {
-        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
         let result = self.rt.blobs.gc_with(|roots| {
+            // The sandboxes are listed under the exclusive lock: a sandbox created before it
+            // whose checkpoint was published meanwhile (its lease released) is in the list,
+            // and its blobs live.
+            let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
             for slot in &slots {
                 if let Some(base) = slot.any_layer_base() {
                     roots.add(&base);
