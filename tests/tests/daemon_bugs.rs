@@ -224,9 +224,9 @@ fn a_restore_past_its_time_limit_is_killed_and_the_checkpoint_stays_restorable()
 fn removal_never_races_the_failure_watcher() {
     let d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
-    for round in 0..24 {
+    for round in 0..24u32 {
         let id = d.create("busybox").id;
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             // Killed and seen failed (the watcher has written), then removed at once.
             d.fail_stop(&id);
         } else {
