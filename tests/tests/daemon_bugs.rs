@@ -284,8 +284,9 @@ fn replaced_and_removed_instances_leave_no_zombie() {
     });
 }
 
-/// Bug 4: an action killed from the host answered `ExecFailed: no status from the exec
-/// helper ("")`. It now returns the output so far with the infrastructure fault.
+/// Bug 4: an action killed from the host, its exec helper included, answered `ExecFailed: no
+/// status from the exec helper ("")`, dropping the output. It now returns the output so far
+/// with the infrastructure fault.
 #[test]
 fn an_action_killed_from_the_host_returns_its_output_and_the_fault() {
     let d = Daemon::start();
@@ -308,8 +309,13 @@ fn an_action_killed_from_the_host_returns_its_output_and_the_fault() {
             std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == b"sleep\x007\x00")
         })
     });
+    // The exec helper (a child of belayerd outside the sandbox's cgroup, reporting the
+    // action's status) dies too, as when the host kills the whole action or the OOM killer
+    // picks it: that lost the status line and with it the output.
+    let helpers = exec_helpers(d.pid().expect("daemon pid"));
+    assert!(!helpers.is_empty(), "no exec helper found");
     let t = Instant::now();
-    for pid in d.inspect(&id).pids {
+    for pid in helpers.into_iter().chain(d.inspect(&id).pids) {
         // SAFETY: kill(2) with a pid and a signal number.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
@@ -333,6 +339,27 @@ fn an_action_killed_from_the_host_returns_its_output_and_the_fault() {
     );
     assert_eq!(r.signal, Some(libc::SIGKILL));
     d.assert_alive("after the killed action");
+}
+
+/// Children of `daemon` that are exec helpers (their arguments hold `exec` and
+/// `--status-fd`).
+fn exec_helpers(daemon: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{daemon}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            if args.contains(&&b"exec"[..]) && args.contains(&&b"--status-fd"[..]) {
+                out.push(pid);
+            }
+        }
+    }
+    out
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
