@@ -749,6 +749,10 @@ mod tests {
                 code: ErrorCode::UnknownSandbox,
                 message: "no sandbox sb-9".to_owned(),
             }),
+            Response::Error(ErrorReply {
+                code: ErrorCode::RestoreTimedOut,
+                message: "criu restore killed after its 60s time limit".to_owned(),
+            }),
             Response::MaybeCheckpoint(MaybeCheckpointResult {
                 checkpointed: true,
                 decision: DecisionInfo {
@@ -834,7 +838,7 @@ mod tests {
         };
         let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
         let payload = &bytes[HEADER_LEN..];
-        assert_eq!(&bytes[4..6], &[3, 0]);
+        assert_eq!(&bytes[4..6], &[4, 0]);
         assert_eq!(bytes[6], 1);
         assert_eq!(bytes[7], 0);
         assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());

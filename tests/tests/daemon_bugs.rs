@@ -351,7 +351,10 @@ fn exec_helpers(daemon: u32) -> Vec<i32> {
         .flatten()
     {
         let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for pid in children.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
             if args.contains(&&b"exec"[..]) && args.contains(&&b"--status-fd"[..]) {
