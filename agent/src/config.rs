@@ -48,6 +48,15 @@ pub struct Config {
     pub exec_timeout_s: u64,
     /// Longest wait for a cgroup to freeze, milliseconds.
     pub freeze_timeout_ms: u64,
+    /// Wall-clock limit on every CRIU dump and restore, milliseconds: this base plus
+    /// [`Self::criu_time_limit_per_gib_ms`] per GiB of memory the run moves (the sandbox's
+    /// charged memory for a dump, the images for a restore). A run past it is killed with the
+    /// tree it held: a dump fails with `DumpFailed` (the sandbox thawed), a restore with
+    /// `RestoreTimedOut` (the ready checkpoint untouched, the sandbox `failed` and restorable).
+    /// Default 60 000 (one minute), far above a healthy run (≈1 s per GiB).
+    pub criu_time_limit_base_ms: u64,
+    /// Milliseconds added to [`Self::criu_time_limit_base_ms`] per GiB moved. Default 4000.
+    pub criu_time_limit_per_gib_ms: u64,
     /// Parent of the sandbox cgroups, relative to each cgroup hierarchy.
     pub cgroup_parent: String,
     /// Honour test-fault hooks in checkpoint requests (tests only).
@@ -148,6 +157,8 @@ impl Default for Config {
             output_limit_bytes: 1 << 20,
             exec_timeout_s: 0,
             freeze_timeout_ms: 10_000,
+            criu_time_limit_base_ms: 60_000,
+            criu_time_limit_per_gib_ms: 4_000,
             cgroup_parent: "belayer".to_string(),
             test_hooks: false,
             default_pids_max: 4096,
@@ -244,6 +255,13 @@ impl Config {
                 source,
             }),
         }
+    }
+
+    /// The wall-clock limit on one CRIU run that moves `bytes` of memory:
+    /// `criu_time_limit_base_ms` plus `criu_time_limit_per_gib_ms` per whole GiB.
+    pub fn criu_time_limit(&self, bytes: u64) -> Duration {
+        let per_gib = (bytes >> 30).saturating_mul(self.criu_time_limit_per_gib_ms);
+        Duration::from_millis(self.criu_time_limit_base_ms.saturating_add(per_gib))
     }
 
     /// The socket server's connection quotas and timeouts from the `max_connections*`,
@@ -366,6 +384,12 @@ impl Config {
                 reason: "must be > 0",
             });
         }
+        if self.criu_time_limit_base_ms == 0 {
+            return Err(ConfigError::Invalid {
+                field: "criu_time_limit_base_ms",
+                reason: "must be > 0",
+            });
+        }
         self.connection_limits()
             .validate()
             .map_err(|source| ConfigError::Limits { source })?;
@@ -453,6 +477,19 @@ mod tests {
             };
             assert!(bad.validate().is_err(), "{max}");
         }
+    }
+
+    #[test]
+    fn criu_time_limit_is_base_plus_per_gib() {
+        let d = Config::default();
+        assert_eq!(d.criu_time_limit(0), Duration::from_secs(60));
+        assert_eq!(d.criu_time_limit(3 << 30), Duration::from_secs(72));
+        let c: Config =
+            toml::from_str("criu_time_limit_base_ms = 20\ncriu_time_limit_per_gib_ms = 0\n")
+                .unwrap();
+        assert_eq!(c.criu_time_limit(5 << 30), Duration::from_millis(20));
+        let zero: Config = toml::from_str("criu_time_limit_base_ms = 0\n").unwrap();
+        assert!(zero.validate().is_err());
     }
 
     #[test]

@@ -27,6 +27,7 @@ mod brief;
 pub mod contexts;
 mod create_api;
 mod image_api;
+mod reap;
 pub mod rollout_api;
 mod start;
 
@@ -129,8 +130,11 @@ impl Agent {
     /// manifest cannot be read keeps nothing alive (it cannot be restored either); an old
     /// format checkpoint refers to no blobs. Returns the bytes freed.
     fn collect_blobs(&self) -> u64 {
-        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
         let result = self.rt.blobs.gc_with(|roots| {
+            // The sandboxes are listed under the exclusive lock: a sandbox created before it
+            // whose checkpoint was published meanwhile (its lease released) is in the list,
+            // and its blobs live.
+            let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
             for slot in &slots {
                 if let Some(base) = slot.any_layer_base() {
                     roots.add(&base);
@@ -261,16 +265,10 @@ impl Agent {
         }
     }
 
-    /// Reaps exited sandbox inits (they are our children, directly or as subreaper).
+    /// Reaps exited sandbox processes and CRIU's orphans (our children, directly or as
+    /// subreaper); see [`reap`] for the rule.
     fn reap(&self) {
-        let pids: Vec<i32> = self
-            .registry()
-            .values()
-            .filter_map(|s| s.record().init_pid)
-            .collect();
-        for pid in pids {
-            sys::try_reap(pid);
-        }
+        reap::reap_sandbox_zombies();
     }
 
     fn ready_prefix(slot: &SandboxSlot) -> Option<u64> {

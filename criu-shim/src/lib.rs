@@ -49,6 +49,14 @@
 //!   restored root becomes a child of the caller, and its host pid comes from the pidfile.
 //! - `--root <merged dir>` (restore): the tree is restored into a fresh overlay mount, never into
 //!   the failed sandbox.
+//! - the process itself (not an option): every run is in a process group of its own, killed as
+//!   a whole at its time limit ([`DumpError::TimedOut`], [`RestoreError::TimedOut`]), and a
+//!   killed run's orphans are reaped by [`reap_orphans`]; a restore starts with its inheritable
+//!   set raised to its permitted set, since the restorer `capset`s each task's dumped sets after
+//!   trimming its bounding set and the kernel refuses an inheritable set outside the old
+//!   inheritable set ∪ bounding set (a task that dropped an inheritable capability from its
+//!   bounding set). In a user namespace the images recreate, the restorer's inheritable set is
+//!   empty whatever CRIU's is: such a task cannot be restored there.
 //! - `--display-stats`: CRIU's own frozen time and page counts, reported in [`DumpStats`].
 //! - `--tcp-established`, `--file-locks`, `--network-lock`: off / CRIU's default unless asked for.
 //! - never `--link-remap` (dump): with it, CRIU would hard-link a deleted-but-linked file at a
@@ -120,4 +128,5 @@ pub use log::{LogLevel, LogTail};
 pub use options::NetworkLock;
 pub use refusal::FileRefusal;
 pub use restore::{RestoreError, RestoreOutcome, RestoreRequest, RESTORE_LOG, RESTORE_PIDFILE};
+pub use run::reap_orphans;
 pub use sys::SyscallError;

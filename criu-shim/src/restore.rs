@@ -114,6 +114,18 @@ pub enum RestoreError {
         /// The end of CRIU's log, and its path.
         log: LogTail,
     },
+    /// `criu restore` ran past its [`RestoreRequest::time_limit`] and was killed (with its
+    /// process group); whatever it had restored is left, stopped or half-built, in the joined
+    /// cgroups for the caller to kill. The images are untouched.
+    #[error("criu restore from {} killed after its {limit:?} time limit: {log}", images_dir.display())]
+    TimedOut {
+        /// The images dir.
+        images_dir: PathBuf,
+        /// The limit.
+        limit: std::time::Duration,
+        /// The end of CRIU's log, and its path.
+        log: LogTail,
+    },
     /// CRIU reported success but its pidfile could not be read: the tree runs, its pid is unknown.
     #[error("cannot read the pidfile {} of a restore that succeeded", path.display())]
     ReadPidfile {
@@ -169,9 +181,9 @@ impl RestoreRequest {
         self
     }
 
-    /// Wall-clock limit on the whole `criu restore` run: past it the process is killed and the
-    /// restore fails with [`RestoreError::Restore`] (status: killed by signal 9); whatever it
-    /// had restored is left in the joined cgroups, for the caller to kill. `None`: no limit.
+    /// Wall-clock limit on the whole `criu restore` run: past it CRIU's process group is killed
+    /// and the restore fails with [`RestoreError::TimedOut`]; whatever it had restored is left
+    /// in the joined cgroups, for the caller to kill. `None`: no limit.
     pub fn time_limit(mut self, limit: Option<std::time::Duration>) -> Self {
         self.time_limit = limit;
         self
@@ -331,6 +343,7 @@ impl Criu {
     /// Errors: [`RestoreError::NoImages`] before running CRIU, [`RestoreError::CreateWorkDir`],
     /// [`RestoreError::RemoveStalePidfile`], [`RestoreError::OpenCgroup`],
     /// [`RestoreError::Spawn`], [`RestoreError::Restore`] with the tail of CRIU's log,
+    /// [`RestoreError::TimedOut`] past the time limit,
     /// [`RestoreError::ReadPidfile`] / [`RestoreError::ParsePidfile`].
     pub fn restore(&self, req: &RestoreRequest) -> Result<RestoreOutcome, RestoreError> {
         if !req.images_dir.join("inventory.img").is_file() {
@@ -364,6 +377,7 @@ impl Criu {
             cgroups,
             new_cgroupns: req.new_cgroupns,
             time_limit: req.time_limit,
+            inheritable_from_permitted: true,
             ..ChildSetup::default()
         };
         let done =
@@ -371,6 +385,15 @@ impl Criu {
                 criu: self.path().to_path_buf(),
                 source,
             })?;
+        if let Some(limit) = done.killed_after {
+            let log = LogTail::collect(&req.log_path(), &done.stderr);
+            tracing::warn!(images = %req.images_dir.display(), ?limit, %log, "criu restore killed at its time limit");
+            return Err(RestoreError::TimedOut {
+                images_dir: req.images_dir.clone(),
+                limit,
+                log,
+            });
+        }
         if !done.status.success() {
             let log = LogTail::collect(&req.log_path(), &done.stderr);
             tracing::debug!(images = %req.images_dir.display(), status = %done.status, %log, "criu restore failed");

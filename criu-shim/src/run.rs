@@ -27,6 +27,13 @@ pub(crate) struct ChildSetup {
     /// After joining [`Self::cgroups`], unshare a cgroup namespace rooted there: the restored
     /// tree is born in it, as the dumped tree lived in one rooted at its own cgroup.
     pub new_cgroupns: bool,
+    /// Raise the inheritable set to the permitted set before exec (so CRIU starts with every
+    /// capability inheritable). A restore needs it: the restorer `capset`s each task's dumped
+    /// sets after trimming its bounding set, and the kernel (`cap_capset`) refuses a new
+    /// inheritable set that is not within the *old inheritable* ∪ bounding set. A task that
+    /// raised a capability into its inheritable set and then dropped it from its bounding set
+    /// is only restorable by a restorer whose inheritable set already holds it.
+    pub inheritable_from_permitted: bool,
     /// Kill the run (`SIGKILL`) once it has taken this long (not used by the child).
     pub time_limit: Option<Duration>,
 }
@@ -59,6 +66,10 @@ impl Finished {
 /// Runs `criu args...` to completion with stdin on /dev/null and stdout/stderr captured; a run
 /// that outlives `setup.time_limit` is killed with `SIGKILL` (and reaped) at that point.
 ///
+/// CRIU runs in a process group of its own (its pid): at the limit the whole group is killed,
+/// so helpers CRIU forked (and tasks it has not moved to their dumped group yet) die with it
+/// instead of lingering as orphans.
+///
 /// Errors: only when the process cannot be started (or waited for); a non-zero exit is a
 /// [`Finished`] with that status.
 pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::Result<Finished> {
@@ -67,9 +78,10 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .stderr(Stdio::piped())
+        .process_group(0);
     // SAFETY: the hook runs in the forked child before exec. It only calls async-signal-safe
-    // syscalls (setns, write, unshare, mount, close_range) on fds and C strings created before the fork,
+    // syscalls (setns, write, unshare, mount, capget/capset, close_range) on fds and C strings created before the fork,
     // and does not allocate: the closure owns `setup`, and errors are built from raw errnos.
     unsafe {
         cmd.pre_exec(move || {
@@ -87,6 +99,9 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
             }
             if let Some((source, target)) = &setup.private_bind {
                 sys::child_private_bind(source, target)?;
+            }
+            if setup.inheritable_from_permitted {
+                sys::child_inheritable_from_permitted()?;
             }
             sys::child_mark_fds_cloexec()
         });
@@ -116,7 +131,11 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
         .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()));
     let killed_after = match pidfd {
         Ok(pidfd) if !sys::pidfd_wait_until(pidfd.as_fd(), started + limit) => {
-            let _ = child.kill();
+            // The group id is the child's pid, which cannot be reused before the child is
+            // reaped below: the signal reaches CRIU's group and nothing else.
+            if sys::kill_process_group(child.id()).is_err() {
+                let _ = child.kill();
+            }
             Some(limit)
         }
         Ok(_) => None,
@@ -124,12 +143,57 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
         Err(_) => None,
     };
     let status = child.wait()?;
+    if killed_after.is_some() {
+        orphan_group(child.id());
+    }
     let output = std::process::Output {
         status,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
     };
     Ok(finished(output, started.elapsed(), killed_after))
+}
+
+/// Process groups of killed CRIU runs whose members may still be unreaped orphans.
+static ORPHAN_GROUPS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Remembers the group of a killed run: what CRIU had forked (helpers, tasks not yet moved to
+/// their dumped group) is re-parented to the nearest child subreaper, the daemon, and only
+/// [`reap_orphans`] waits for it.
+fn orphan_group(pgid: u32) {
+    if let Ok(pgid) = i32::try_from(pgid) {
+        if let Ok(mut groups) = ORPHAN_GROUPS.lock() {
+            groups.push(pgid);
+        }
+        reap_orphans();
+    }
+}
+
+/// Reaps (without blocking) the exited children of the calling process that belong to the
+/// process group of a CRIU run killed at its time limit: CRIU's orphaned helpers, re-parented
+/// to a child subreaper (`belayerd`). A group is forgotten once it has no child of ours left.
+///
+/// Safe against stealing statuses: a group id names a killed CRIU's pid, which the kernel does
+/// not hand out again while any process still uses it as its group; so `waitpid(-pgid)` only
+/// ever matches CRIU's own descendants, which nobody else waits for. Call it periodically (the
+/// daemon's reaper does).
+pub fn reap_orphans() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let Ok(mut groups) = ORPHAN_GROUPS.lock() else {
+        return;
+    };
+    groups.retain(|&pgid| loop {
+        match waitpid(
+            nix::unistd::Pid::from_raw(-pgid),
+            Some(WaitPidFlag::WNOHANG),
+        ) {
+            Ok(WaitStatus::StillAlive) => break true,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            // ECHILD: no child of ours in that group (any more).
+            Err(_) => break false,
+        }
+    });
 }
 
 fn finished(

@@ -142,6 +142,67 @@ pub(crate) fn child_private_bind(source: &CStr, target: &CStr) -> io::Result<()>
     .map_err(err)
 }
 
+/// `SIGKILL` to every process of process group `pgid` (a CRIU run's, see `run::run`).
+pub(crate) fn kill_process_group(pgid: u32) -> Result<(), SyscallError> {
+    let pgid = i32::try_from(pgid).map_err(|_| SyscallError::new("killpg", Errno::EINVAL))?;
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::SIGKILL)
+        .map_err(|e| SyscallError::new("killpg", e))
+}
+
+/// `capget`/`capset` header (`struct __user_cap_header_struct`).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// One 32-bit word of each set (`struct __user_cap_data_struct`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two [`CapData`] words.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// In a forked child: sets the inheritable set to the permitted set (allowed: the new
+/// inheritable set is within old inheritable ∪ permitted when `CAP_SETPCAP` is effective, as it
+/// is for root, and within the bounding set, which root's permitted set is).
+pub(crate) fn child_inheritable_from_permitted() -> io::Result<()> {
+    let mut hdr = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget writes one header and two data words, which `hdr` and `data` are (version
+    // 3 layout); both live on this stack frame for the whole call.
+    if unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut hdr as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    for word in &mut data {
+        word.inheritable = word.permitted;
+    }
+    // SAFETY: capset reads the same header and two data words, valid for the call.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits until the process behind `pidfd` exits or `deadline` passes; returns whether it
 /// exited. Polls the descriptor (no busy wait; restarts after signals).
 pub(crate) fn pidfd_wait_until(pidfd: BorrowedFd<'_>, deadline: std::time::Instant) -> bool {

@@ -66,6 +66,9 @@ pub const BELAYER_E_NOT_FOUND: c_int = -33;
 /// Daemon: it is at a connection or event-stream limit, or closed an idle connection to make
 /// room; the request was not handled (connect again later).
 pub const BELAYER_E_BUSY: c_int = -34;
+/// Daemon: a CRIU restore ran past its time limit and was killed; the sandbox is failed, its
+/// ready checkpoint untouched (restoring again may succeed).
+pub const BELAYER_E_RESTORE_TIMED_OUT: c_int = -35;
 /// An internal panic was caught.
 pub const BELAYER_E_PANIC: c_int = -99;
 

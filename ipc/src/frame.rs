@@ -30,7 +30,7 @@ use crate::message::{Envelope, Event, Request, Response};
 pub const MAGIC: [u8; 4] = *b"BLYR";
 
 /// The protocol version this crate speaks; frames carrying any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 16;
@@ -749,6 +749,10 @@ mod tests {
                 code: ErrorCode::UnknownSandbox,
                 message: "no sandbox sb-9".to_owned(),
             }),
+            Response::Error(ErrorReply {
+                code: ErrorCode::RestoreTimedOut,
+                message: "criu restore killed after its 60s time limit".to_owned(),
+            }),
             Response::MaybeCheckpoint(MaybeCheckpointResult {
                 checkpointed: true,
                 decision: DecisionInfo {
@@ -834,7 +838,7 @@ mod tests {
         };
         let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
         let payload = &bytes[HEADER_LEN..];
-        assert_eq!(&bytes[4..6], &[3, 0]);
+        assert_eq!(&bytes[4..6], &[4, 0]);
         assert_eq!(bytes[6], 1);
         assert_eq!(bytes[7], 0);
         assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());

@@ -548,6 +548,10 @@ pub enum ErrorCode {
     /// peers, or in total), or closed this idle connection to make room: the request was not
     /// handled; connect again later.
     Busy,
+    /// A CRIU restore ran past its wall-clock limit (daemon config `criu_time_limit_base_ms`,
+    /// `criu_time_limit_per_gib_ms`) and was killed with the half-restored tree; the sandbox is
+    /// `failed`, its ready checkpoint untouched: restoring again may succeed.
+    RestoreTimedOut,
 }
 
 /// A typed error answer.

@@ -129,6 +129,11 @@ class BusyError(BelayerError):
     make room); the request was not handled: connect again later."""
 
 
+class RestoreTimedOutError(RestoreFailedError):
+    """A CRIU restore ran past its time limit and was killed; the sandbox is failed and its
+    ready checkpoint untouched: restoring again may succeed."""
+
+
 class PanicError(BelayerError):
     """The library caught an internal panic."""
 
@@ -180,5 +185,6 @@ ERRORS: Dict[int, Type[BelayerError]] = {
     -32: InternalError,
     -33: NotFoundError,
     -34: BusyError,
+    -35: RestoreTimedOutError,
     -99: PanicError,
 }

@@ -311,6 +311,41 @@ impl Daemon {
         }
     }
 
+    /// Replaces the daemon's config file with `toml` (read at the next [`Self::restart`]).
+    pub fn set_config(&mut self, toml: &str) {
+        let path = self.dir.path().join("belayer.toml");
+        std::fs::write(&path, toml).expect("config");
+        self.config = Some(path);
+    }
+
+    /// Pids of the daemon's children that are zombies (from every thread's `children` list
+    /// in `/proc`).
+    pub fn zombie_children(&self) -> Vec<i32> {
+        let Some(pid) = self.pid() else {
+            return Vec::new();
+        };
+        let mut zombies = Vec::new();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace() {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
+                if status
+                    .lines()
+                    .any(|l| l.starts_with("State:") && l.contains('Z'))
+                {
+                    zombies.extend(child.parse::<i32>().ok());
+                }
+            }
+        }
+        zombies
+    }
+
     /// Pid of the running daemon process, if one was started and not yet killed.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

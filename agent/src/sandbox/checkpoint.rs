@@ -52,6 +52,17 @@ use crate::sys;
 /// Errors of a checkpoint. In every case the previous ready checkpoint stays in effect.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// A task of a sandbox in its own user namespace holds inheritable capabilities outside
+    /// its bounding set, which CRIU cannot restore there (see [`super::caps`]).
+    #[error("sandbox {id}: pid {pid} has inheritable capabilities {bits:#x} outside its bounding set, which criu cannot restore in a user namespace")]
+    UnrestorableCapabilities {
+        /// Sandbox id.
+        id: String,
+        /// Host pid of the task.
+        pid: i32,
+        /// The capability bits concerned.
+        bits: u64,
+    },
     /// Test hooks are disabled in this daemon.
     #[error("test faults are disabled (start belayerd with test hooks)")]
     HooksDisabled,
@@ -299,6 +310,7 @@ fn take(
         .ghost_limit_bytes(ghost_limit)
         .network_lock(Some(NetworkLock::Skip))
         .time_limit(Some(super::criu_time_limit(
+            &rt.config,
             cgroup.memory_current().unwrap_or(0),
         )));
     let dump = dump.action_script(fault_during_dump(req.fault, &work)?);
@@ -345,6 +357,17 @@ fn take(
         )?;
         tracing::debug!(sandbox = %id, ?ns_last_pid, processes = pids.len(), ms = ms(t_states), "pid counter read, states checked");
         let processes = super::process_list(&cgroup);
+        if rec.userns.is_some() {
+            if let Some((pid, caps)) =
+                super::caps::first_unrestorable(&cgroup.pids().unwrap_or_default())
+            {
+                return Err(CheckpointError::UnrestorableCapabilities {
+                    id: id.clone(),
+                    pid,
+                    bits: caps.unrestorable(),
+                });
+            }
+        }
         let t_fs = Instant::now();
         let pending = capture_layer_rereading(
             &slot.paths.upper(rec.instance),

@@ -169,7 +169,7 @@ pub fn create(
         owner_uid,
     };
     let result = (|| {
-        CheckpointStore::open(&paths.checkpoints())?;
+        CheckpointStore::create(&paths.checkpoints())?;
         make_instance_dir(rt, &rec, &paths, 0)?;
         let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
         let (pid, start) = up.spawn_init(rt, &rec, &paths)?;

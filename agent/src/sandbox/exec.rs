@@ -219,12 +219,23 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     let waited = child.wait();
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     read.map_err(helper_err)?;
-    waited.map_err(helper_err)?;
-    let status = parse_status(&line).map_err(|message| ExecError::Enter {
-        id: rec.id.clone(),
-        message,
-    })?;
-    let verdict = probe.finish(&rt.tracer, &rec, &cgroup, &upper, &status);
+    let helper_status = waited.map_err(helper_err)?;
+    let helper_pid = i32::try_from(child.id()).ok();
+    let (status, helper_killed) =
+        action_status(&line, helper_status).map_err(|message| ExecError::Enter {
+            id: rec.id.clone(),
+            message,
+        })?;
+    let mut verdict = probe.finish(&rt.tracer, &rec, &cgroup, &upper, &status);
+    if helper_killed && verdict.infra_fault.is_none() {
+        // The helper runs in the sandbox's cgroup and never kills itself: a signal that
+        // ended it before its status line came from outside the action.
+        verdict.infra_fault = Some(belayer_ipc::InfraFault {
+            kind: belayer_ipc::InfraFaultKind::ExternalKill,
+            pid: helper_pid,
+            signal: status.signal,
+        });
+    }
     if let Some(f) = &verdict.infra_fault {
         tracing::warn!(sandbox = %rec.id, kind = f.kind.as_str(), pid = ?f.pid, signal = ?f.signal, "infrastructure fault during the action");
         // Whatever the tracer already did: the sandbox is not trustworthy any more (the
@@ -248,6 +259,32 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         infra_fault: verdict.infra_fault,
         dirty: verdict.dirty,
     })
+}
+
+/// The action's status from the helper's status `line`, or, when the helper died without
+/// writing one (killed with the sandbox's processes from the host, or by the OOM killer: it
+/// sits in the sandbox's cgroup), from the helper's own wait status; the flag says which.
+/// The output written so far is in the memfds either way and is returned with the fault.
+/// `Err`: the helper's error message, or a helper that exited without a status.
+fn action_status(
+    line: &str,
+    helper: std::process::ExitStatus,
+) -> Result<(crate::helper::exec::ActionStatus, bool), String> {
+    use std::os::unix::process::ExitStatusExt;
+    match parse_status(line) {
+        Ok(status) => Ok((status, false)),
+        Err(message) => match helper.signal() {
+            Some(sig) if line.trim().is_empty() => Ok((
+                crate::helper::exec::ActionStatus {
+                    exit_code: 128 + sig,
+                    signal: Some(sig),
+                    timed_out: false,
+                },
+                true,
+            )),
+            _ => Err(format!("{message}; the helper ended with {helper}")),
+        },
+    }
 }
 
 /// Reads at most `limit` bytes from the start of `file`; the flag says whether it held more.
@@ -285,6 +322,21 @@ mod tests {
             command_line(&["echo".into(), "it's".into()]),
             "echo 'it'\\''s'"
         );
+    }
+
+    #[test]
+    fn a_killed_helper_yields_the_signal_status() {
+        use std::os::unix::process::ExitStatusExt;
+        let killed = std::process::ExitStatus::from_raw(libc::SIGKILL);
+        let (status, lost) = action_status("", killed).unwrap();
+        assert!(lost);
+        assert_eq!(status.exit_code, 137);
+        assert_eq!(status.signal, Some(libc::SIGKILL));
+        let (status, lost) = action_status("exit=0 signal=- timed_out=0\n", killed).unwrap();
+        assert!(!lost);
+        assert_eq!(status.exit_code, 0);
+        assert!(action_status("", std::process::ExitStatus::from_raw(0)).is_err());
+        assert!(action_status("error=boom", killed).is_err());
     }
 
     #[test]

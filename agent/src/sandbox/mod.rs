@@ -13,6 +13,7 @@
 //! one sandbox are serialised by [`SandboxSlot::op`] (actions and checkpoints are mutually
 //! exclusive: the "state agreement" invariant); inspection only takes the record lock.
 
+pub mod caps;
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
@@ -136,8 +137,14 @@ impl SandboxPaths {
     }
 }
 
-fn mark_failed(rec: &mut SandboxRecord, paths: &SandboxPaths) {
+/// Marks `rec` failed in memory and, unless the sandbox is being removed (`removed`, read
+/// under the same record lock as the removal sets it), on disk.
+fn mark_failed(rec: &mut SandboxRecord, paths: &SandboxPaths, removed: bool) {
     rec.state = SandboxState::Failed;
+    if removed {
+        tracing::debug!(sandbox = %rec.id, "sandbox being removed; failed state not persisted");
+        return;
+    }
     match rec.save(paths) {
         Ok(()) => {}
         // Removed meanwhile (its dir renamed away): nothing to persist.
@@ -283,6 +290,10 @@ pub struct SandboxSlot {
     /// Output memfds of recent actions, which processes the actions left in the background
     /// may still write to: emptied at the start of every later verb ([`Self::drain_outputs`]).
     outputs: Mutex<std::collections::VecDeque<fs::File>>,
+    /// Set (under the record lock) by a removal right before it renames the sandbox dir away:
+    /// from then on nothing writes `state.json` ([`Self::commit`] fails, a failure is kept in
+    /// memory only), so no writer can race the deletion of the dir.
+    removed: std::sync::atomic::AtomicBool,
 }
 
 /// How many recent actions' output memfds a sandbox keeps emptying.
@@ -297,6 +308,7 @@ impl SandboxSlot {
             paths,
             layer_base: Mutex::new(None),
             outputs: Mutex::new(std::collections::VecDeque::new()),
+            removed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -345,6 +357,20 @@ impl SandboxSlot {
         self.rec.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Marks the sandbox removed, under the record lock: every later record write is refused
+    /// ([`Self::commit`]) or kept in memory (a failure); a write under way has finished. Call
+    /// right before the sandbox dir is renamed away; `false` again if that rename failed.
+    pub fn mark_removed(&self, removed: bool) {
+        let _rec = self.record();
+        self.removed
+            .store(removed, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether [`Self::mark_removed`] was called.
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Locks the verb lock.
     pub fn lock_op(&self) -> MutexGuard<'_, ()> {
         self.op.lock().unwrap_or_else(|p| p.into_inner())
@@ -359,7 +385,7 @@ impl SandboxSlot {
                 sys::try_reap(pid);
             }
             tracing::warn!(sandbox = %rec.id, "sandbox init is gone: marking failed");
-            mark_failed(&mut rec, &self.paths);
+            mark_failed(&mut rec, &self.paths, self.is_removed());
         }
         rec.clone()
     }
@@ -372,7 +398,7 @@ impl SandboxSlot {
         if rec.state != SandboxState::Running {
             return false;
         }
-        mark_failed(&mut rec, &self.paths);
+        mark_failed(&mut rec, &self.paths, self.is_removed());
         true
     }
 
@@ -388,6 +414,13 @@ impl SandboxSlot {
     /// the caller's verb fails with the error.
     pub fn commit(&self, change: impl FnOnce(&mut SandboxRecord)) -> Result<(), RecordError> {
         let mut rec = self.record();
+        if self.is_removed() {
+            return Err(RecordError::Io {
+                op: "write",
+                path: self.paths.state_file(),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        }
         let mut next = rec.clone();
         change(&mut next);
         next.save(&self.paths)?;
@@ -443,12 +476,11 @@ impl SandboxSlot {
 }
 
 /// Wall-clock limit on one CRIU run that moves `bytes` of memory (the sandbox's charged
-/// memory for a dump, the CRIU images for a restore): 60 s plus 4 s per GiB, far above what
-/// a healthy run takes (≈1 s per GiB here) and far below forever. A run past it is killed
-/// (see `belayer_criu::DumpRequest::time_limit`): a tree that dies while CRIU holds it
-/// otherwise stalls CRIU and the sandbox's operation lock for good.
-pub(crate) fn criu_time_limit(bytes: u64) -> std::time::Duration {
-    const BASE_S: u64 = 60;
-    const PER_GIB_S: u64 = 4;
-    std::time::Duration::from_secs(BASE_S + (bytes >> 30).saturating_mul(PER_GIB_S))
+/// memory for a dump, the CRIU images for a restore): by default 60 s plus 4 s per GiB
+/// (config `criu_time_limit_base_ms`, `criu_time_limit_per_gib_ms`), far above what a healthy
+/// run takes (≈1 s per GiB here) and far below forever. A run past it is killed (see
+/// `belayer_criu::DumpRequest::time_limit`): a tree that dies while CRIU holds it otherwise
+/// stalls CRIU and the sandbox's operation lock for good.
+pub(crate) fn criu_time_limit(config: &crate::config::Config, bytes: u64) -> std::time::Duration {
+    config.criu_time_limit(bytes)
 }

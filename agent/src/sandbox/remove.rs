@@ -64,14 +64,20 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
             }
         }
     }
-    // Out of every other writer's way first (the failure watcher rewriting `state.json`, a
-    // restore's retirement of an old instance): a rename is atomic, and writes to the old path
-    // fail from then on. The trash is deleted now, or by the next adoption pass.
+    // Out of every other writer's way first. The removed flag, set under the record lock
+    // that every `state.json` writer holds (the failure watcher's `refresh`/`fail`, `commit`),
+    // means a write under way has finished and none starts again; then a rename (atomic)
+    // moves the dir away, so paths of the old name fail from then on (a restore's retirement
+    // of an old instance). The trash is deleted now, or by the next adoption pass.
+    slot.mark_removed(true);
     let trash = trash_path(&slot.paths.dir);
-    fs::rename(&slot.paths.dir, &trash).map_err(|source| RemoveError::Delete {
-        path: slot.paths.dir.clone(),
-        source,
-    })?;
+    if let Err(source) = fs::rename(&slot.paths.dir, &trash) {
+        slot.mark_removed(false);
+        return Err(RemoveError::Delete {
+            path: slot.paths.dir.clone(),
+            source,
+        });
+    }
     delete_sandbox_dir(&trash);
     tracing::info!(sandbox = %id, "sandbox removed");
     Ok(())

@@ -159,6 +159,11 @@ impl RestoreError {
                 ErrorCode::CorruptCheckpoint
             }
             RestoreError::ForeignImage { .. } => ErrorCode::PermissionDenied,
+            RestoreError::Criu { source, .. }
+                if matches!(**source, belayer_criu::RestoreError::TimedOut { .. }) =>
+            {
+                ErrorCode::RestoreTimedOut
+            }
             _ => ErrorCode::RestoreFailed,
         }
     }
@@ -365,12 +370,22 @@ pub fn restore(
                 .join_cgroups(cgroup_dirs)
                 .new_cgroupns(true)
                 .time_limit(Some(super::criu_time_limit(
+                    &rt.config,
                     m.criu.iter().map(|a| a.bytes).sum(),
                 )));
-            let outcome = rt.criu.restore(&req).map_err(|source| RestoreError::Criu {
-                id: id.clone(),
-                source: Box::new(source),
-            })?;
+            let outcome = match rt.criu.restore(&req) {
+                Ok(outcome) => outcome,
+                Err(source) => {
+                    // Whatever CRIU had restored dies with the fresh cgroup (`Instance`'s drop:
+                    // cgroup.kill, then unmount); the reaper collects it. The ready checkpoint
+                    // is untouched and the sandbox `failed`: a later restore starts afresh.
+                    drop(instance);
+                    return Err(discard(RestoreError::Criu {
+                        id: id.clone(),
+                        source: Box::new(source),
+                    }));
+                }
+            };
             let t_unlock = Instant::now();
             if let Some(lock) = lock {
                 match lock.unlock() {

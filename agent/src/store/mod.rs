@@ -128,10 +128,23 @@ pub struct CheckpointStore {
 impl CheckpointStore {
     /// Opens (creating) the store at `dir`.
     pub fn open(dir: &Path) -> Result<CheckpointStore, StoreError> {
-        fs::create_dir_all(dir).map_err(io("mkdir", dir))?;
+        // Only the store dir itself, never its parents: a reader racing the removal of its
+        // sandbox (whose dir was renamed away) must fail, not re-create the sandbox's dir.
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io("mkdir", dir)(e)),
+        }
         Ok(CheckpointStore {
             dir: dir.to_path_buf(),
         })
+    }
+
+    /// Creates the store at `dir` and every missing parent (a new sandbox's dir), then opens
+    /// it as [`Self::open`] does.
+    pub fn create(dir: &Path) -> Result<CheckpointStore, StoreError> {
+        fs::create_dir_all(dir).map_err(io("mkdir", dir))?;
+        Self::open(dir)
     }
 
     /// The store directory.

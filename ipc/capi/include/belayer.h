@@ -145,6 +145,10 @@
 // room; the request was not handled (connect again later).
 #define BELAYER_E_BUSY -34
 
+// Daemon: a CRIU restore ran past its time limit and was killed; the sandbox is failed, its
+// ready checkpoint untouched (restoring again may succeed).
+#define BELAYER_E_RESTORE_TIMED_OUT -35
+
 // An internal panic was caught.
 #define BELAYER_E_PANIC -99
 
