@@ -1,0 +1,149 @@
+//! The errors of a restore and the protocol code each answers with.
+
+use belayer_ipc::ErrorCode;
+
+use crate::cgroup::CgroupError;
+use crate::sandbox::create::CreateError;
+use crate::sandbox::RecordError;
+use crate::store::StoreError;
+use crate::sys;
+
+/// Errors of a restore.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The ready checkpoint failed verification; nothing was touched.
+    #[error("ready checkpoint of sandbox {id} is corrupt")]
+    Corrupt {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: StoreError,
+    },
+    /// A blob the ready checkpoint's layer refers to is missing or corrupt; nothing was
+    /// touched.
+    #[error("a blob of the ready checkpoint of sandbox {id} is missing or corrupt")]
+    CorruptBlob {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::layer::BlobError,
+    },
+    /// The verification thread panicked.
+    #[error("verifying the ready checkpoint of sandbox {id} failed unexpectedly")]
+    VerifierPanicked {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Tearing down the failed instance failed.
+    #[error("cannot tear down the failed instance of sandbox {id}")]
+    Teardown {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: CgroupError,
+    },
+    /// Installing F_k failed.
+    #[error("cannot install the upper layer of sandbox {id}")]
+    FsInstall {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::InstallError,
+    },
+    /// Building the fresh instance failed.
+    #[error(transparent)]
+    Instance(#[from] CreateError),
+    /// The CRIU restore failed.
+    #[error("CRIU restore of sandbox {id} failed")]
+    Criu {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: Box<belayer_criu::RestoreError>,
+    },
+    /// A path of the checkpoint's CRIU images would make the restore (host root) create,
+    /// open or remove something outside the fresh root, or cannot be checked; CRIU did not run.
+    #[error("CRIU images of the ready checkpoint of sandbox {id} are refused")]
+    UnsafeImages {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_criu::UnsafeImagePath,
+    },
+    /// The sandbox's image is now one its owner may not use (another peer's, or one whose
+    /// owner cannot be read); nothing was touched.
+    #[error("image {image} of sandbox {id} belongs to {} now", owner.map_or("an unknown owner".to_string(), |o| format!("uid {o}")))]
+    ForeignImage {
+        /// Sandbox id.
+        id: String,
+        /// Image name.
+        image: String,
+        /// Its owner, when known.
+        owner: Option<u32>,
+    },
+    /// Re-capturing the restored upper layer for the validity check failed.
+    #[error("cannot re-capture the restored upper layer of sandbox {id}")]
+    Verify {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: belayer_overlay::CaptureError,
+    },
+    /// The fresh network namespace could not be made.
+    #[error("cannot make a network namespace for sandbox {id}")]
+    Netns {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: sys::SyscallError,
+    },
+    /// Store access failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Persisting state failed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// Filesystem work on the instance dirs failed.
+    #[error("cannot prepare {path}")]
+    Dirs {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RestoreError {
+    /// Protocol error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RestoreError::Corrupt { .. } | RestoreError::CorruptBlob { .. } => {
+                ErrorCode::CorruptCheckpoint
+            }
+            RestoreError::FsInstall {
+                source: belayer_overlay::InstallError::Blob { .. },
+                ..
+            } => ErrorCode::CorruptCheckpoint,
+            // Images that fail the path check fail it on every try: the checkpoint is unusable.
+            RestoreError::UnsafeImages { source, .. } if source.is_image_fault() => {
+                ErrorCode::CorruptCheckpoint
+            }
+            RestoreError::ForeignImage { .. } => ErrorCode::PermissionDenied,
+            RestoreError::Criu { source, .. }
+                if matches!(**source, belayer_criu::RestoreError::TimedOut { .. }) =>
+            {
+                ErrorCode::RestoreTimedOut
+            }
+            _ => ErrorCode::RestoreFailed,
+        }
+    }
+}
