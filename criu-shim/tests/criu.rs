@@ -94,6 +94,18 @@ impl Counter {
             .ok()
     }
 
+    /// The counter's value, retrying the instant between the shell's truncation of the file
+    /// and its write (when the file is empty).
+    fn value(&self) -> u64 {
+        for _ in 0..100 {
+            if let Some(v) = self.read() {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("{} never held a number", self.file.display());
+    }
+
     fn reset(&self) {
         std::fs::write(&self.file, "0\n").unwrap();
     }
@@ -355,11 +367,11 @@ fn dump_leave_running_then_restore_continues_the_counter() {
     let mut counter = Counter::spawn(&d.root, None);
     let pid = counter.pid;
 
-    let before = counter.read().unwrap();
+    let before = counter.value();
     let stats = criu
         .dump(&DumpRequest::new(pid, &d.images, d.root.join("dump-work")).leave_running(true))
         .expect("dump");
-    let after = counter.read().unwrap();
+    let after = counter.value();
     println!(
         "dump of a 2-task tree: {:.1} ms wall, frozen {:?} ms, {} files, {} bytes, {:?} pages",
         stats.duration_ms,
@@ -521,7 +533,7 @@ fn frozen_v2_cgroup_dump_then_thaw_and_restore_into_a_fresh_cgroup() {
     let mut counter = Counter::spawn(&d.root, Some(&old.procs()));
 
     old.set_frozen(true);
-    let at_freeze = counter.read().unwrap();
+    let at_freeze = counter.value();
     let stats = criu
         .dump(
             &DumpRequest::new(counter.pid, &d.images, d.root.join("dump-work"))
@@ -535,7 +547,7 @@ fn frozen_v2_cgroup_dump_then_thaw_and_restore_into_a_fresh_cgroup() {
     // CRIU leaves a cgroup it found frozen frozen; the caller thaws it.
     assert!(old.frozen(), "cgroup thawed by criu");
     std::thread::sleep(Duration::from_millis(150));
-    assert_eq!(counter.read().unwrap(), at_freeze, "counted while frozen");
+    assert_eq!(counter.value(), at_freeze, "counted while frozen");
     old.set_frozen(false);
     counter.wait_for(|v| v > at_freeze, "the thawed original to count");
 
@@ -591,7 +603,7 @@ fn frozen_v1_freezer_dump_then_thaw() {
     let d = dirs();
     let mut counter = Counter::spawn(&d.root, Some(&cg.procs()));
     cg.set_frozen(true);
-    let at_freeze = counter.read().unwrap();
+    let at_freeze = counter.value();
     let stats = criu
         .dump(&DumpRequest::new(counter.pid, &d.images, d.root.join("work")).freeze_cgroup(&cg.dir))
         .expect("dump of a frozen v1 cgroup");
@@ -742,9 +754,9 @@ fn a_dump_past_its_time_limit_is_killed_and_lets_the_tree_go() {
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(proc_status_field(pid, "TracerPid:").as_deref(), Some("0"));
     assert_running(pid);
-    let before = counter.read().unwrap();
+    let before = counter.value();
     std::thread::sleep(Duration::from_millis(500));
-    let after = counter.read().unwrap();
+    let after = counter.value();
     assert!(
         after > before,
         "the tree stays stopped: {before} then {after}"
