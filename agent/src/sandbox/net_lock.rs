@@ -18,9 +18,17 @@
 //! sent again by TCP's retransmission timer. Through libnftables (the library CRIU itself is
 //! built with, `scripts/setup.sh`), loaded at run time, so a node without it still restores
 //! trees without connections: [`NetLock::lock`] then fails and the caller goes on unlocked.
+//!
+//! libnftables talks netlink through libmnl, which waits on its socket with `select(2)`: an fd
+//! numbered 1024 or more makes glibc abort the whole process ("bit out of range 0 - FD_SETSIZE
+//! on fd_set"), and `belayerd` holds well over 1024 fds with a few dozen busy sandboxes. So
+//! every nftables command runs on a thread of its own that first takes a private copy of the
+//! fd table (`unshare(CLONE_FILES)`), enters the namespace and closes every fd above 2 in that
+//! copy: the library's sockets then get the lowest numbers, whatever the daemon holds. Each
+//! command has its own nftables context, made and freed on that thread.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 
 /// Name of the table ([`NetLock::lock`] creates it, [`NetLock::unlock`] deletes it).
@@ -64,68 +72,81 @@ pub enum NetLockError {
 
 /// A taken lock: an nftables context whose netlink socket lives in the locked namespace, so
 /// [`NetLock::unlock`] needs no `setns` (which can wait for an RCU grace period).
+/// A locked network namespace: the table [`TABLE`] is in it until [`NetLock::unlock`].
 #[derive(Debug)]
 pub struct NetLock {
-    ctx: std::ptr::NonNull<c_void>,
+    netns: OwnedFd,
     api: Api,
 }
 
-// SAFETY: the context is used by one thread at a time (`NetLock` is owned, its methods take
-// `self` or `&mut self`); libnftables keeps no thread-local state in it.
-unsafe impl Send for NetLock {}
-
 impl NetLock {
-    /// Blocks all traffic in the network namespace `netns` (an nsfs fd).
+    /// Creates [`TABLE`] in the network namespace `netns` (an nsfs fd).
+    ///
+    /// Errors: [`NetLockError::Load`] without libnftables, [`NetLockError::Enter`],
+    /// [`NetLockError::Nft`], [`NetLockError::Panicked`].
     pub fn lock(netns: BorrowedFd<'_>) -> Result<NetLock, NetLockError> {
         let api = api()?;
-        let fd = netns.try_clone_to_owned().map_err(NetLockError::Enter)?;
-        std::thread::spawn(move || {
-            nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| NetLockError::Enter(e.into()))?;
-            // SAFETY: nft_ctx_new takes flags only (0: NFT_CTX_DEFAULT); its netlink socket
-            // is opened here, inside `netns`.
-            let ctx = unsafe { (api.ctx_new)(0) };
-            let ctx = std::ptr::NonNull::new(ctx)
-                .ok_or_else(|| NetLockError::Load("nft_ctx_new failed".into()))?;
-            let mut lock = NetLock { ctx, api };
-            lock.run(LOCK, "create")?;
-            Ok(lock)
-        })
-        .join()
-        .unwrap_or(Err(NetLockError::Panicked))
+        let netns = netns.try_clone_to_owned().map_err(NetLockError::Enter)?;
+        let lock = NetLock { netns, api };
+        lock.run(LOCK, "create")?;
+        Ok(lock)
     }
 
-    /// Lifts the block.
-    pub fn unlock(mut self) -> Result<(), NetLockError> {
+    /// Deletes [`TABLE`]: packets flow again.
+    ///
+    /// Errors: [`NetLockError::Enter`], [`NetLockError::Nft`], [`NetLockError::Panicked`].
+    pub fn unlock(self) -> Result<(), NetLockError> {
         self.run(UNLOCK, "delete")
     }
 
-    fn run(&mut self, cmd: &'static CStr, what: &'static str) -> Result<(), NetLockError> {
-        let (api, ctx) = (self.api, self.ctx.as_ptr());
-        // SAFETY: `ctx` is a live context owned by `self`; the commands are NUL-terminated;
-        // the error buffer is copied before the context is used again.
-        unsafe {
-            (api.buffer_output)(ctx);
-            (api.buffer_error)(ctx);
-            let rc = (api.run_cmd)(ctx, cmd.as_ptr());
-            if rc == 0 {
-                return Ok(());
+    /// Runs `cmd` in the namespace, on a thread with a private fd table holding only 0, 1, 2
+    /// (see the module docs).
+    fn run(&self, cmd: &'static CStr, what: &'static str) -> Result<(), NetLockError> {
+        let api = self.api;
+        // The number of `self.netns`, which stays open until the thread is joined below: the
+        // thread's private copy of the table has it under the same number.
+        let netns = std::os::fd::AsRawFd::as_raw_fd(&self.netns);
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES)
+                .map_err(|e| NetLockError::Enter(e.into()))?;
+            // SAFETY: `netns` is open in this thread's copy of the fd table (copied from the
+            // shared one while `self.netns` was open) and is closed only below.
+            let ns = unsafe { BorrowedFd::borrow_raw(netns) };
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| NetLockError::Enter(e.into()))?;
+            // SAFETY: close_range on this thread's private fd table (unshared above); nothing
+            // of this thread owns an fd above 2 (`ns` is a borrow, not used past this point).
+            // The namespace stays entered.
+            if unsafe { libc::close_range(3, libc::c_uint::MAX, 0) } != 0 {
+                return Err(NetLockError::Enter(std::io::Error::last_os_error()));
             }
-            let e = (api.error_buffer)(ctx);
-            let message = if e.is_null() {
-                format!("error {rc}")
-            } else {
-                CStr::from_ptr(e).to_string_lossy().trim().to_string()
-            };
-            Err(NetLockError::Nft { what, message })
-        }
-    }
-}
-
-impl Drop for NetLock {
-    fn drop(&mut self) {
-        // SAFETY: frees the context this lock owns, once.
-        unsafe { (self.api.ctx_free)(self.ctx.as_ptr()) }
+            // SAFETY: `api` holds libnftables' functions (loaded by `api()`); the context is
+            // used on this thread only and freed before it ends.
+            unsafe {
+                let ctx = (api.ctx_new)(0);
+                if ctx.is_null() {
+                    return Err(NetLockError::Load("nft_ctx_new failed".into()));
+                }
+                (api.buffer_output)(ctx);
+                (api.buffer_error)(ctx);
+                let rc = (api.run_cmd)(ctx, cmd.as_ptr());
+                let result = if rc == 0 {
+                    Ok(())
+                } else {
+                    let e = (api.error_buffer)(ctx);
+                    let message = if e.is_null() {
+                        format!("error {rc}")
+                    } else {
+                        CStr::from_ptr(e).to_string_lossy().trim().to_string()
+                    };
+                    Err(NetLockError::Nft { what, message })
+                };
+                (api.ctx_free)(ctx);
+                result
+            }
+        })
+        .join()
+        .unwrap_or(Err(NetLockError::Panicked))
     }
 }
 
@@ -184,5 +205,57 @@ fn load() -> Result<Api, String> {
             )?),
             run_cmd: std::mem::transmute::<*mut c_void, RunCmd>(sym(c"nft_run_cmd_from_buffer")?),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// A fresh network namespace (an nsfs fd), made on a thread of its own.
+    fn fresh_netns() -> OwnedFd {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare net");
+            OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net").expect("open ns"))
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// State: a daemon holding more than FD_SETSIZE (1024) fds locks and unlocks a restore's
+    /// network namespace (libmnl's `select` would abort the process on a high fd).
+    #[test]
+    fn locks_and_unlocks_with_more_than_fd_setsize_fds_open() {
+        if api().is_err() || !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root and libnftables.so.1");
+            return;
+        }
+        let mut old = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
+            let raised = libc::rlimit {
+                rlim_cur: old.rlim_max.max(4096),
+                rlim_max: old.rlim_max.max(4096),
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &raised), 0);
+        }
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let held: Vec<OwnedFd> = (0..1100)
+            .map(|_| null.as_fd().try_clone_to_owned().unwrap())
+            .collect();
+        let netns = fresh_netns();
+        let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let lock = NetLock::lock(netns.as_fd()).expect("lock");
+        lock.unlock().expect("unlock");
+        let after = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        assert_eq!(before, after, "fds leaked");
+        drop(held);
+        // SAFETY: as above.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &old) };
     }
 }
