@@ -266,14 +266,55 @@ pub fn loopback_up() -> SysResult<()> {
 pub fn prepare_netns(unprivileged_root: bool) -> SysResult<()> {
     loopback_up()?;
     if unprivileged_root {
+        // Gids are read in the writer's user namespace, which must map them: every gid it maps
+        // (all of them from the host's; the sandbox's range from inside its own).
+        let ping = format!("0 {}", max_mapped_gid()?.min(2_147_483_647));
         for (file, value) in [
             ("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0"),
-            ("/proc/sys/net/ipv4/ping_group_range", "0 2147483647"),
+            ("/proc/sys/net/ipv4/ping_group_range", ping.as_str()),
         ] {
             fs::write(file, value).map_err(|e| SyscallError::io("write", file, e))?;
         }
     }
     Ok(())
+}
+
+/// Readies the network namespace `netns` (an nsfs fd) as [`prepare_netns`] does for a sandbox
+/// with its own user namespace, from a short-lived thread that joins it (the caller's own
+/// namespace never changes). Host root may do it whoever owns the namespace.
+pub fn prepare_netns_of(netns: BorrowedFd<'_>) -> SysResult<()> {
+    let fd = netns
+        .try_clone_to_owned()
+        .map_err(|e| SyscallError::io("dup", "netns", e))?;
+    std::thread::spawn(move || -> SysResult<()> {
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| SyscallError::new("setns", "CLONE_NEWNET", e))?;
+        prepare_netns(true)
+    })
+    .join()
+    .unwrap_or_else(|_| {
+        Err(SyscallError::new(
+            "setns",
+            "CLONE_NEWNET (thread panicked)",
+            Errno::EINVAL,
+        ))
+    })
+}
+
+/// The highest gid the caller's user namespace maps (from `/proc/thread-self/gid_map`).
+fn max_mapped_gid() -> SysResult<u64> {
+    let file = "/proc/thread-self/gid_map";
+    let text = fs::read_to_string(file).map_err(|e| SyscallError::io("read", file, e))?;
+    text.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace().map(|v| v.parse::<u64>().ok());
+            let inside = f.next()??;
+            let _outside = f.next()??;
+            let count = f.next()??;
+            (inside + count).checked_sub(1)
+        })
+        .max()
+        .ok_or_else(|| SyscallError::new("read", file, Errno::ENODATA))
 }
 
 /// A fresh network namespace readied by [`prepare_netns`], as an open nsfs fd (the namespace
