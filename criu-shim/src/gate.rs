@@ -198,7 +198,11 @@ pub fn abort_gated_dump(work_dir: &Path) -> bool {
 }
 
 /// Writes the answer into the go fifo once the script opened it for reading.
-pub(crate) fn answer<T>(go: &Path, proceed: bool, child: &std::thread::JoinHandle<T>) -> io::Result<()> {
+pub(crate) fn answer<T>(
+    go: &Path,
+    proceed: bool,
+    child: &std::thread::JoinHandle<T>,
+) -> io::Result<()> {
     let started = Instant::now();
     let mut fifo: File = loop {
         match OpenOptions::new()

@@ -154,7 +154,10 @@ impl Criu {
             Some(Err(e)) => Err(HookedRestoreError::Hook(e)),
             None => Err(setup_err(&ready_path)(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("criu reported root pid {:?}", String::from_utf8_lossy(&line)),
+                format!(
+                    "criu reported root pid {:?}",
+                    String::from_utf8_lossy(&line)
+                ),
             ))),
         }
     }
@@ -207,6 +210,9 @@ mod tests {
         assert_eq!(text, "4242\n");
         let criu_running = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(3)));
         answer(&go, false, &criu_running).unwrap();
-        assert!(!child.wait().unwrap().success(), "an abort fails the script");
+        assert!(
+            !child.wait().unwrap().success(),
+            "an abort fails the script"
+        );
     }
 }

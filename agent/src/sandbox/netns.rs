@@ -58,7 +58,9 @@ fn owner_of(ns: BorrowedFd<'_>, pid: i32) -> Result<(u64, u64), NetnsError> {
     // SAFETY: NS_GET_USERNS takes no argument and returns a new fd (or -1) that we own.
     let fd = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_USERNS as _) };
     if fd < 0 {
-        return Err(examine(pid, "NS_GET_USERNS")(std::io::Error::last_os_error()));
+        return Err(examine(pid, "NS_GET_USERNS")(
+            std::io::Error::last_os_error(),
+        ));
     }
     // SAFETY: `fd` is a fresh fd returned by the kernel above, owned by nobody else.
     let owner = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -102,7 +104,8 @@ pub fn ready_restored(id: &str, pid: i32) -> Result<Option<NetLock>, NetnsError>
             why: "not owned by its user namespace",
         });
     }
-    sys::prepare_netns_of(net.as_fd())?;
+    let (first, last) = sys::gid_map_span(&format!("/proc/{pid}/gid_map"), true)?;
+    sys::prepare_netns_of(net.as_fd(), (first, last.min(sys::PING_GID_MAX)))?;
     let t = std::time::Instant::now();
     Ok(match NetLock::lock(net.as_fd()) {
         Ok(lock) => {
