@@ -141,10 +141,7 @@ impl Criu {
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
             .filter(|&p| p > 1);
-        let hooked = match pid {
-            Some(pid) => Some(hook(pid)),
-            None => None,
-        };
+        let hooked = pid.map(hook);
         let proceed = matches!(hooked, Some(Ok(_)));
         let answered = answer(&go_path, proceed, &child);
         let done = join(child, self.path())?;
