@@ -154,3 +154,61 @@ fn network_namespace_powers_stay_refused_before_and_after_a_restore() {
     q.assert_pass();
     eprintln!("{}", q.log());
 }
+
+/// The kernel's half of "cannot write the namespace's sysctls" (the sandbox's `/proc/sys` is
+/// read-only besides): root of a user namespace that owns a network namespace, without
+/// `CAP_NET_ADMIN`, is refused a write to that namespace's `net.ipv4` sysctls even through a
+/// writable `/proc` (the host's). Run by a host `python3` (a test thread cannot `unshare` a
+/// user namespace: the harness is multi-threaded); with capabilities the same write works.
+#[test]
+fn a_network_namespace_root_without_net_admin_cannot_write_its_sysctls() {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(SYSCTL_PERMISSION)
+        .output()
+        .expect("python3 on the host");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success());
+    assert!(text.contains("with caps: wrote 7"), "{text}");
+    assert_eq!(
+        text.matches("without caps: refused, errno 13").count(),
+        2,
+        "{text}"
+    );
+}
+
+const SYSCTL_PERMISSION: &str = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+r, w = os.pipe(); r2, w2 = os.pipe()
+pid = os.fork()
+if pid == 0:
+    assert libc.unshare(CLONE_NEWUSER) == 0
+    os.write(w2, b"x"); os.read(r, 1)
+    assert libc.setresgid(0, 0, 0) == 0 and libc.setresuid(0, 0, 0) == 0
+    assert libc.unshare(CLONE_NEWNET) == 0
+    port = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+    with open(port, "w") as f:
+        f.write("7")
+    print("with caps: wrote", open(port).read().strip(), flush=True)
+    class H(ctypes.Structure): _fields_ = [("v", ctypes.c_uint32), ("p", ctypes.c_int)]
+    class D(ctypes.Structure): _fields_ = [("e", ctypes.c_uint32), ("pm", ctypes.c_uint32), ("i", ctypes.c_uint32)]
+    assert libc.capset(ctypes.byref(H(0x20080522, 0)), (D * 2)()) == 0
+    for path, value in ((port, "9"), ("/proc/sys/net/ipv4/ping_group_range", "1 0")):
+        try:
+            with open(path, "w") as f:
+                f.write(value)
+            print("without caps: WROTE", path, flush=True)
+        except OSError as e:
+            print("without caps: refused, errno", e.errno, path, flush=True)
+    os._exit(0)
+os.read(r2, 1)
+with open(f"/proc/{pid}/uid_map", "w") as f: f.write("0 1000000 65536")
+with open(f"/proc/{pid}/setgroups", "w") as f: f.write("deny")
+with open(f"/proc/{pid}/gid_map", "w") as f: f.write("0 1000000 65536")
+os.write(w, b"x")
+_, status = os.waitpid(pid, 0)
+raise SystemExit(os.waitstatus_to_exitcode(status))
+"#;
