@@ -517,9 +517,12 @@ mod tests {
             .file_locks(true)
             .manage_cgroups(true)
             .network_lock(Some(NetworkLock::Nftables))
+            .empty_netns(true)
             .log_level(LogLevel::Info);
         let args = joined(&req);
+        assert!(!joined(&RestoreRequest::new("/i", "/w")).contains("--empty-ns"));
         for expected in [
+            "--empty-ns net",
             "--root /sb/merged",
             "--tcp-established",
             "--file-locks",
