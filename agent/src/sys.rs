@@ -264,16 +264,80 @@ pub fn loopback_up() -> SysResult<()> {
 /// ICMP echo sockets for every gid (`net.ipv4.ping_group_range`), as root in a container
 /// expects. These sysctls are per network namespace.
 pub fn prepare_netns(unprivileged_root: bool) -> SysResult<()> {
+    // Gids are read in the writer's user namespace, which must map them: every gid it maps
+    // (all of them from the host's; the sandbox's range from inside its own).
+    let ping = if unprivileged_root {
+        let (_, last) = gid_map_span("/proc/thread-self/gid_map", false)?;
+        Some((0, last.min(PING_GID_MAX)))
+    } else {
+        None
+    };
+    prepare_netns_with(ping)
+}
+
+/// Highest gid `ping_group_range` takes.
+pub const PING_GID_MAX: u64 = 2_147_483_647;
+
+/// `lo` up and, with `ping_gids` (first and last gid, in the caller's user namespace), low
+/// ports for every uid and ICMP echo sockets for those gids.
+fn prepare_netns_with(ping_gids: Option<(u64, u64)>) -> SysResult<()> {
     loopback_up()?;
-    if unprivileged_root {
+    if let Some((first, last)) = ping_gids {
+        let ping = format!("{first} {last}");
         for (file, value) in [
             ("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0"),
-            ("/proc/sys/net/ipv4/ping_group_range", "0 2147483647"),
+            ("/proc/sys/net/ipv4/ping_group_range", ping.as_str()),
         ] {
             fs::write(file, value).map_err(|e| SyscallError::io("write", file, e))?;
         }
     }
     Ok(())
+}
+
+/// Readies the network namespace `netns` (an nsfs fd) as [`prepare_netns`] does for a sandbox
+/// with its own user namespace, ICMP echo for host gids `ping_gids` (first, last: the
+/// sandbox's range, which the init helper sets from inside as `0 <last>`), from a short-lived
+/// thread that joins it (the caller's own namespace never changes). Host root may do it
+/// whoever owns the namespace.
+pub fn prepare_netns_of(netns: BorrowedFd<'_>, ping_gids: (u64, u64)) -> SysResult<()> {
+    let fd = netns
+        .try_clone_to_owned()
+        .map_err(|e| SyscallError::io("dup", "netns", e))?;
+    std::thread::spawn(move || -> SysResult<()> {
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| SyscallError::new("setns", "CLONE_NEWNET", e))?;
+        prepare_netns_with(Some(ping_gids))
+    })
+    .join()
+    .unwrap_or_else(|_| {
+        Err(SyscallError::new(
+            "setns",
+            "CLONE_NEWNET (thread panicked)",
+            Errno::EINVAL,
+        ))
+    })
+}
+
+/// First and last gid a `gid_map` file maps: inside its namespace (`outside` false) or in
+/// its parent's (`outside` true).
+pub fn gid_map_span(file: &str, outside: bool) -> SysResult<(u64, u64)> {
+    let text = fs::read_to_string(file).map_err(|e| SyscallError::io("read", file, e))?;
+    let spans: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace().map(|v| v.parse::<u64>().ok());
+            let inside = f.next()??;
+            let out = f.next()??;
+            let count = f.next()??;
+            let first = if outside { out } else { inside };
+            Some((first, (first + count).checked_sub(1)?))
+        })
+        .collect();
+    let first = spans.iter().map(|s| s.0).min();
+    let last = spans.iter().map(|s| s.1).max();
+    first
+        .zip(last)
+        .ok_or_else(|| SyscallError::new("read", file, Errno::ENODATA))
 }
 
 /// A fresh network namespace readied by [`prepare_netns`], as an open nsfs fd (the namespace

@@ -36,6 +36,7 @@ pub struct DumpRequest {
     time_limit: Option<std::time::Duration>,
     action_script: Option<PathBuf>,
     netns: Option<PathBuf>,
+    empty_netns: bool,
     cgroupns: Option<PathBuf>,
     log_level: LogLevel,
 }
@@ -175,6 +176,7 @@ impl DumpRequest {
             time_limit: None,
             action_script: None,
             netns: None,
+            empty_netns: false,
             cgroupns: None,
             log_level: LogLevel::default(),
         }
@@ -309,6 +311,16 @@ impl DumpRequest {
         self
     }
 
+    /// `--empty-ns net`: the tree's own network namespace (one CRIU is not in) is dumped as a
+    /// bare entry, without its links, addresses, routes or firewall rules (CRIU runs no `ip`
+    /// or `iptables-save` in the frozen window; it still dumps the namespace's conntrack
+    /// entries), for a restore with [`RestoreRequest::empty_netns`](crate::RestoreRequest::empty_netns),
+    /// which makes a fresh namespace owned by the restored user namespace.
+    pub fn empty_netns(mut self, on: bool) -> Self {
+        self.empty_netns = on;
+        self
+    }
+
     /// Runs CRIU inside the cgroup namespace at `path` (the tree's: `/proc/<pid>/ns/cgroup`),
     /// so it is not dumped (with `--manage-cgroups=ignore` CRIU keeps no cgroup state that
     /// could describe it); restore makes a fresh one rooted at the new cgroup
@@ -358,6 +370,9 @@ impl DumpRequest {
         }
         if let Some(script) = &self.action_script {
             push(&mut a, "--action-script", script);
+        }
+        if self.empty_netns {
+            push(&mut a, "--empty-ns", "net");
         }
         a
     }

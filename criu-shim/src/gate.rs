@@ -54,7 +54,7 @@ fn setup_err<E>(path: &Path) -> impl FnOnce(io::Error) -> GatedDumpError<E> {
     move |source| GatedDumpError::Setup { path, source }
 }
 
-fn make_fifo(path: &Path) -> io::Result<()> {
+pub(crate) fn make_fifo(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -78,7 +78,7 @@ fn gate_script(ready: &Path, go: &Path) -> String {
 }
 
 /// Single-quotes `path` for `sh`.
-fn quote(path: &Path) -> String {
+pub(crate) fn quote(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
@@ -198,7 +198,11 @@ pub fn abort_gated_dump(work_dir: &Path) -> bool {
 }
 
 /// Writes the answer into the go fifo once the script opened it for reading.
-fn answer<T>(go: &Path, proceed: bool, child: &std::thread::JoinHandle<T>) -> io::Result<()> {
+pub(crate) fn answer<T>(
+    go: &Path,
+    proceed: bool,
+    child: &std::thread::JoinHandle<T>,
+) -> io::Result<()> {
     let started = Instant::now();
     let mut fifo: File = loop {
         match OpenOptions::new()

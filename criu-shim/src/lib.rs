@@ -105,6 +105,7 @@
 
 mod dump;
 mod gate;
+mod hook;
 pub mod images;
 pub mod kdat;
 mod locate;
@@ -117,6 +118,7 @@ mod sys;
 
 pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUMP_LOG};
 pub use gate::{abort_gated_dump, GatedDumpError};
+pub use hook::HookedRestoreError;
 pub use images::{
     tcp_connections, validate_restore_paths, validate_restore_paths_allowing, AllowedBind,
     ImagePathReport, PathOp, SocketImageError, TcpConnection, UnsafeImagePath, UnsafeKind,

@@ -34,6 +34,7 @@ pub struct RestoreRequest {
     network_lock: Option<NetworkLock>,
     join_cgroups: Vec<PathBuf>,
     netns: Option<PathBuf>,
+    empty_netns: bool,
     new_cgroupns: bool,
     time_limit: Option<std::time::Duration>,
     log_level: LogLevel,
@@ -166,6 +167,7 @@ impl RestoreRequest {
             network_lock: None,
             join_cgroups: Vec::new(),
             netns: None,
+            empty_netns: false,
             new_cgroupns: false,
             time_limit: None,
             log_level: LogLevel::default(),
@@ -195,6 +197,15 @@ impl RestoreRequest {
     /// whose namespace the images do not describe, stays in it.
     pub fn join_netns(mut self, path: impl Into<PathBuf>) -> Self {
         self.netns = Some(path.into());
+        self
+    }
+
+    /// `--empty-ns net`, for a tree dumped with
+    /// [`DumpRequest::empty_netns`](crate::DumpRequest::empty_netns): CRIU creates the tree's
+    /// network namespace (with its user namespace, so that one owns it) and leaves it bare,
+    /// `lo` down. Use [`Criu::restore_hooked`] to ready it before any socket is restored.
+    pub fn empty_netns(mut self, on: bool) -> Self {
+        self.empty_netns = on;
         self
     }
 
@@ -288,7 +299,7 @@ impl RestoreRequest {
     }
 
     /// The `criu` arguments for this request.
-    fn args(&self) -> Vec<OsString> {
+    pub(crate) fn args(&self) -> Vec<OsString> {
         // A host CRIU config (/etc/criu/default.conf, ~/.criu/default.conf) must not add options
         // to what is described here (e.g. --link-remap).
         let mut a: Vec<OsString> = vec!["restore".into(), "--no-default-config".into()];
@@ -322,6 +333,9 @@ impl RestoreRequest {
         if let Some(lock) = self.network_lock {
             push(&mut a, "--network-lock", lock.arg());
         }
+        if self.empty_netns {
+            push(&mut a, "--empty-ns", "net");
+        }
         a
     }
 }
@@ -346,6 +360,21 @@ impl Criu {
     /// [`RestoreError::TimedOut`] past the time limit,
     /// [`RestoreError::ReadPidfile`] / [`RestoreError::ParsePidfile`].
     pub fn restore(&self, req: &RestoreRequest) -> Result<RestoreOutcome, RestoreError> {
+        let setup = req.child_setup()?;
+        let done =
+            run::run(self.path(), &req.args(), setup).map_err(|source| RestoreError::Spawn {
+                criu: self.path().to_path_buf(),
+                source,
+            })?;
+        req.finish(done)
+    }
+}
+
+impl RestoreRequest {
+    /// Checks the images dir, makes the work dir, removes a stale pidfile and opens what the
+    /// CRIU child joins (cgroups, network namespace).
+    pub(crate) fn child_setup(&self) -> Result<ChildSetup, RestoreError> {
+        let req = self;
         if !req.images_dir.join("inventory.img").is_file() {
             return Err(RestoreError::NoImages {
                 path: req.images_dir.clone(),
@@ -372,19 +401,21 @@ impl Criu {
                 path: req.netns.clone().unwrap_or_default(),
                 source,
             })?;
-        let setup = ChildSetup {
+        Ok(ChildSetup {
             netns,
             cgroups,
             new_cgroupns: req.new_cgroupns,
             time_limit: req.time_limit,
             inheritable_from_permitted: true,
             ..ChildSetup::default()
-        };
-        let done =
-            run::run(self.path(), &req.args(), setup).map_err(|source| RestoreError::Spawn {
-                criu: self.path().to_path_buf(),
-                source,
-            })?;
+        })
+    }
+
+    /// Turns CRIU's exit into the outcome: the time limit, the exit status (with the log's
+    /// tail), the pidfile.
+    pub(crate) fn finish(&self, done: run::Finished) -> Result<RestoreOutcome, RestoreError> {
+        let req = self;
+        let pidfile = req.pidfile_path();
         if let Some(limit) = done.killed_after {
             let log = LogTail::collect(&req.log_path(), &done.stderr);
             tracing::warn!(images = %req.images_dir.display(), ?limit, %log, "criu restore killed at its time limit");
@@ -486,9 +517,12 @@ mod tests {
             .file_locks(true)
             .manage_cgroups(true)
             .network_lock(Some(NetworkLock::Nftables))
+            .empty_netns(true)
             .log_level(LogLevel::Info);
         let args = joined(&req);
+        assert!(!joined(&RestoreRequest::new("/i", "/w")).contains("--empty-ns"));
         for expected in [
+            "--empty-ns net",
             "--root /sb/merged",
             "--tcp-established",
             "--file-locks",

@@ -148,10 +148,10 @@ fn changed_capabilities_survive_checkpoint_kill_restore() {
         &format!(
             "{CAPS_PRELUDE}{}",
             r#"
-CHOWN, DAC_OVERRIDE, FOWNER, KILL, NET_RAW, NET_BIND = 0, 1, 3, 5, 13, 10
+CHOWN, DAC_OVERRIDE, FOWNER, KILL, SYS_CHROOT, NET_BIND = 0, 1, 3, 5, 18, 10
 eff, prm, inh = capget()
-# Inheritable: CHOWN, KILL and NET_RAW; CHOWN also ambient.
-capset(eff, prm, (1 << CHOWN) | (1 << KILL) | (1 << NET_RAW))
+# Inheritable: CHOWN, KILL and SYS_CHROOT; CHOWN also ambient (NET_RAW, which a private user namespace drops, cannot be one).
+capset(eff, prm, (1 << CHOWN) | (1 << KILL) | (1 << SYS_CHROOT))
 check(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CHOWN, 0, 0) == 0, "ambient raise")
 # Bounding set: NET_BIND_SERVICE and SETPCAP go (the inheritable ones stay: see
 # an_unrestorable_inheritable_set_is_refused_at_checkpoint).

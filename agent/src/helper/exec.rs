@@ -292,7 +292,7 @@ fn action(
         // Everything but stdio, the shell and the (close-on-exec) report pipe: the namespace
         // and cgroup fds, the status pipe.
         super::finish::close_all_but(&[shell.as_raw_fd() as u32, report.as_raw_fd() as u32])?;
-        super::finish::confine(filter)?;
+        super::finish::confine(filter, entry.userns.is_some())?;
         let argv = [
             CString::from(c"sh"),
             CString::from(c"-c"),

@@ -68,11 +68,15 @@ pub(crate) fn exec_fd(fd: &OwnedFd, what: &str, argv: &[CString], env: &[CString
 }
 
 /// Confines the calling process for good: the container capability set
-/// ([`super::SANDBOX_CAPABILITIES`], bounding set included), then `no_new_privs` and the
+/// ([`super::SANDBOX_CAPABILITIES`], bounding set included; less
+/// [`super::PRIVATE_USERNS_DROPPED`] in a private user namespace), then `no_new_privs` and the
 /// sandbox seccomp filter (built before the fork, [`super::seccomp`]). Call right before
 /// [`exec_fd`]: nothing the filter refuses may follow.
-pub(crate) fn confine(filter: &super::seccomp::SandboxFilter) -> Result<(), SyscallError> {
-    super::drop_capabilities().map_err(|e| {
+pub(crate) fn confine(
+    filter: &super::seccomp::SandboxFilter,
+    private_userns: bool,
+) -> Result<(), SyscallError> {
+    super::drop_capabilities(private_userns).map_err(|e| {
         SyscallError::io(
             "capset",
             "sandbox capabilities",

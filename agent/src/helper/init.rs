@@ -3,13 +3,15 @@
 //! Steps (what CRIU needs to dump and restore the tree is in DESIGN.md; what confinement
 //! needs is in [`super::mount`]):
 //! 1. join the sandbox cgroup in every hierarchy, so everything below inherits it;
-//! 2. `unshare(CLONE_NEWNET)` as host root: the network namespace belongs to the host's user
-//!    namespace (a restore makes its fresh one the same way), so root in the sandbox holds no
-//!    `CAP_NET_ADMIN` over it; bring `lo` up and let every uid bind low ports and ping
-//!    ([`crate::sys::prepare_netns`]);
-//! 3. enter the sandbox's user namespace (`setns` to the fd the daemon passes as
+//! 2. enter the sandbox's user namespace (`setns` to the fd the daemon passes as
 //!    [`USERNS_FD`], made with the sandbox's id map) and become its root, unless the sandbox
 //!    was created with `--userns=host`;
+//! 3. `unshare(CLONE_NEWNET)`: the network namespace belongs to the sandbox's user namespace
+//!    (so CRIU's restore, which recreates both, can repair TCP sockets in it), or to the
+//!    host's with `--userns=host`; bring `lo` up and let every uid bind low ports and ping
+//!    ([`crate::sys::prepare_netns`]). No sandbox process holds `CAP_NET_ADMIN` or
+//!    `CAP_NET_RAW` (bounding set, [`super::CONTAINER_CAPS`]) nor may create namespaces
+//!    (seccomp), so owning the namespace gives the sandbox's root nothing to use;
 //! 4. `unshare` mount, uts, ipc, cgroup and pid namespaces (owned by that user namespace) and
 //!    fork: the child is pid 1 of the new pid namespace, its cgroup namespace is rooted at the
 //!    sandbox cgroup;
@@ -93,14 +95,16 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
     // Enter the root while still host root: the state dir above it is root-only, and the
     // sandbox's root cannot traverse it. The mount namespace copy keeps the cwd.
     nix::unistd::chdir(root).map_err(|e| SyscallError::new("chdir", root, e))?;
-    unshare(CloneFlags::CLONE_NEWNET).map_err(|e| SyscallError::new("unshare", "net", e))?;
-    sys::prepare_netns(private_userns)?;
     if private_userns {
         // SAFETY: the daemon dup2'ed the namespace fd to USERNS_FD before exec; nothing
         // else in this process owns it.
         let userns = unsafe { OwnedFd::from_raw_fd(USERNS_FD) };
         enter_userns(std::os::fd::AsFd::as_fd(&userns))?;
     }
+    // Made by the sandbox's root, so owned by its user namespace (by the host's with
+    // `--userns=host`).
+    unshare(CloneFlags::CLONE_NEWNET).map_err(|e| SyscallError::new("unshare", "net", e))?;
+    sys::prepare_netns(private_userns)?;
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| SyscallError::io("pipe2", "status", e.into()))?;
     unshare(
@@ -123,6 +127,7 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
                 &env,
                 std::os::fd::AsRawFd::as_raw_fd(&wr) as u32,
                 &filter,
+                private_userns,
             );
             let mut wr = fs::File::from(wr);
             let _ = write!(wr, "{}", error_chain(&err));
@@ -184,8 +189,9 @@ fn child(
     env: &[CString],
     status_fd: u32,
     filter: &super::seccomp::SandboxFilter,
+    private_userns: bool,
 ) -> InitError {
-    match setup(root, hostname, status_fd, filter) {
+    match setup(root, hostname, status_fd, filter, private_userns) {
         Err(e) => e,
         Ok(shell) => {
             let argv = [
@@ -203,6 +209,7 @@ fn setup(
     hostname: &str,
     status_fd: u32,
     filter: &super::seccomp::SandboxFilter,
+    private_userns: bool,
 ) -> Result<OwnedFd, InitError> {
     super::mount::build_root(root)?;
     sethostname(hostname).map_err(|e| SyscallError::new("sethostname", hostname, e))?;
@@ -219,7 +226,7 @@ fn setup(
     let keep = [status_fd, std::os::fd::AsRawFd::as_raw_fd(&shell) as u32];
     super::finish::close_all_but(&keep)?;
     setsid().map_err(|e| SyscallError::new("setsid", "sandbox init", e))?;
-    super::finish::confine(filter)?;
+    super::finish::confine(filter, private_userns)?;
     Ok(shell)
 }
 

@@ -111,11 +111,22 @@ pub struct CapabilityError {
     pub source: caps::errors::CapsError,
 }
 
-/// Restricts the calling process to [`SANDBOX_CAPABILITIES`]: bounding set first (needs
-/// `CAP_SETPCAP`, kept), then permitted and effective; inheritable and ambient cleared.
-pub(crate) fn drop_capabilities() -> Result<(), CapabilityError> {
+/// Capabilities a sandbox with its own user namespace drops as well: that namespace owns the
+/// sandbox's network namespace, where `CAP_NET_RAW` would open raw IP sockets (and
+/// `SO_MARK`, `IP_TRANSPARENT`, `SO_BINDTODEVICE`), which a host-owned network namespace
+/// refuses it. ICMP echo goes through `ping_group_range` instead.
+pub const PRIVATE_USERNS_DROPPED: &[caps::Capability] = &[caps::Capability::CAP_NET_RAW];
+
+/// Restricts the calling process to [`SANDBOX_CAPABILITIES`] (less [`PRIVATE_USERNS_DROPPED`]
+/// when `private_userns`): bounding set first (needs `CAP_SETPCAP`, kept), then permitted and
+/// effective; inheritable and ambient cleared.
+pub(crate) fn drop_capabilities(private_userns: bool) -> Result<(), CapabilityError> {
     use caps::CapSet;
-    let keep: caps::CapsHashSet = SANDBOX_CAPABILITIES.iter().copied().collect();
+    let keep: caps::CapsHashSet = SANDBOX_CAPABILITIES
+        .iter()
+        .copied()
+        .filter(|cap| !(private_userns && PRIVATE_USERNS_DROPPED.contains(cap)))
+        .collect();
     for cap in caps::all() {
         if !keep.contains(&cap) {
             caps::drop(None, CapSet::Bounding, cap).map_err(|source| CapabilityError {

@@ -300,8 +300,22 @@ fn take(
     let images_dir = stage
         .as_ref()
         .map_or(criu_dir.clone(), |slot| slot.dir().to_path_buf());
-    let dump = DumpRequest::new(init_pid, &images_dir, &work)
-        .in_netns(format!("/proc/{init_pid}/ns/net"))
+    // A network namespace the sandbox's user namespace owns (sandboxes created with that
+    // layout) is dumped as a bare entry, so the restore makes a fresh one owned by the
+    // restored user namespace, where TCP sockets can be repaired; a host-owned one (with
+    // `--userns=host`, or a sandbox made before) is joined by CRIU and left out of the images.
+    let own_netns = rec.userns.is_some()
+        && super::netns::owned_by_own_userns(init_pid).unwrap_or_else(|e| {
+            tracing::warn!(sandbox = %id, error = %e, "cannot tell who owns the network namespace");
+            false
+        });
+    let dump = DumpRequest::new(init_pid, &images_dir, &work);
+    let dump = if own_netns {
+        dump.empty_netns(true)
+    } else {
+        dump.in_netns(format!("/proc/{init_pid}/ns/net"))
+    };
+    let dump = dump
         .in_cgroupns(format!("/proc/{init_pid}/ns/cgroup"))
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
@@ -427,7 +441,7 @@ fn take(
         id: id.clone(),
         source,
     })?;
-    if rec.userns.is_some() {
+    if rec.userns.is_some() && !own_netns {
         super::unrestorable::check_tcp_images(&images_dir).map_err(|state| {
             CheckpointError::Unsupported {
                 id: id.clone(),
@@ -492,6 +506,7 @@ fn take(
         criu,
         processes,
         ns_last_pid,
+        own_netns,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };

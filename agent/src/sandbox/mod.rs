@@ -19,6 +19,7 @@ pub mod create;
 pub mod exec;
 mod ghosts;
 pub mod net_lock;
+pub mod netns;
 pub mod pid_counter;
 pub mod remove;
 pub mod restore;

@@ -97,10 +97,12 @@ pub fn restore(
         path: upper.clone(),
         source,
     })?;
+    // R_k with its own (bare) network namespace: CRIU makes a fresh one, owned by the user
+    // namespace it recreates (`sandbox::netns`); otherwise it joins one made here.
+    let criu_netns = manifest.as_ref().is_some_and(|m| m.own_netns);
     let (verified, materialized, netns) = std::thread::scope(|scope| {
         // R_k's network namespace, made meanwhile (it takes a thread and ~1 ms).
-        let netns = manifest
-            .is_some()
+        let netns = (manifest.is_some() && !criu_netns)
             .then(|| scope.spawn(|| locked_netns(&id, rec.userns.is_some())));
         let verifier = scope.spawn(|| {
             let t_verify = Instant::now();
@@ -207,14 +209,6 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
-            let (netns, lock) = match netns {
-                Some(made) => made,
-                None => locked_netns(&id, rec.userns.is_some()),
-            }
-            .map_err(|source| RestoreError::Netns {
-                id: id.clone(),
-                source,
-            })?;
             let cgroup_dirs = instance
                 .cgroup()
                 .procs_files()
@@ -226,27 +220,57 @@ pub fn restore(
                 .file_locks(true)
                 .network_lock(Some(NetworkLock::Skip))
                 .leave_stopped(verify)
-                .join_netns(format!(
-                    "/proc/self/fd/{}",
-                    std::os::fd::AsRawFd::as_raw_fd(&netns)
-                ))
                 .join_cgroups(cgroup_dirs)
                 .new_cgroupns(true)
                 .time_limit(Some(super::criu_time_limit(
                     &rt.config,
                     m.criu.iter().map(|a| a.bytes).sum(),
                 )));
-            let outcome = match rt.criu.restore(&req) {
-                Ok(outcome) => outcome,
-                Err(source) => {
+            let restored = if criu_netns {
+                // CRIU makes the network namespace with the user namespace; it is readied and
+                // locked at CRIU's post-setup-namespaces stage, before any socket exists.
+                let req = req.empty_netns(true);
+                rt.criu
+                    .restore_hooked(&req, |pid| super::netns::ready_restored(&id, pid))
+                    .map_err(|e| match e {
+                        belayer_criu::HookedRestoreError::Restore(e) => RestoreError::Criu {
+                            id: id.clone(),
+                            source: Box::new(e),
+                        },
+                        other => RestoreError::NetnsHook {
+                            id: id.clone(),
+                            source: Box::new(other),
+                        },
+                    })
+            } else {
+                let (netns, lock) = match netns {
+                    Some(made) => made,
+                    None => locked_netns(&id, rec.userns.is_some()),
+                }
+                .map_err(|source| RestoreError::Netns {
+                    id: id.clone(),
+                    source,
+                })?;
+                let req = req.join_netns(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&netns)
+                ));
+                rt.criu
+                    .restore(&req)
+                    .map(|outcome| (outcome, lock))
+                    .map_err(|source| RestoreError::Criu {
+                        id: id.clone(),
+                        source: Box::new(source),
+                    })
+            };
+            let (outcome, lock) = match restored {
+                Ok(restored) => restored,
+                Err(e) => {
                     // Whatever CRIU had restored dies with the fresh cgroup (`Instance`'s drop:
                     // cgroup.kill, then unmount); the reaper collects it. The ready checkpoint
                     // is untouched and the sandbox `failed`: a later restore starts afresh.
                     drop(instance);
-                    return Err(discard(RestoreError::Criu {
-                        id: id.clone(),
-                        source: Box::new(source),
-                    }));
+                    return Err(discard(e));
                 }
             };
             let t_unlock = Instant::now();

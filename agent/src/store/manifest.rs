@@ -79,6 +79,13 @@ pub struct Manifest {
     /// written before it was recorded, and when it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_last_pid: Option<i32>,
+    /// R_k describes the sandbox's own network namespace (dumped bare with `--empty-ns net`:
+    /// it was owned by the sandbox's user namespace), so the restore lets CRIU make it
+    /// (`crate::sandbox::netns`); `false` (and absent from older manifests): R_k leaves the
+    /// namespace out and the restore joins a fresh one. It must match R_k: CRIU restores
+    /// into the namespace it runs in when the images leave it out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_netns: bool,
     /// Phase timings of the checkpoint, ms (publish and total are those known when written).
     pub timings_ms: CheckpointTimings,
     /// Publication time, ms since the Unix epoch.

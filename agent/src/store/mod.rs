@@ -428,6 +428,7 @@ mod tests {
             criu: vec![],
             processes: vec![],
             ns_last_pid: None,
+            own_netns: false,
             timings_ms: Default::default(),
             created_unix_ms: 0,
         };

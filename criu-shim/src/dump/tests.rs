@@ -51,9 +51,13 @@ fn options_map_to_flags() {
         .manage_cgroups(true)
         .network_lock(Some(NetworkLock::Skip))
         .timeout_s(Some(5))
+        .empty_netns(true)
         .log_level(LogLevel::Warnings);
     let joined = strings(&req.args()).join(" ");
+    let plain = strings(&DumpRequest::new(7, "/i", "/w").args()).join(" ");
+    assert!(!plain.contains("--empty-ns"));
     for expected in [
+        "--empty-ns net",
         "--freeze-cgroup /sys/fs/cgroup/unified/sb",
         "--tcp-established",
         "--skip-in-flight",

@@ -105,6 +105,16 @@ pub enum RestoreError {
         #[source]
         source: sys::SyscallError,
     },
+    /// Readying the network namespace CRIU made (at its post-setup-namespaces stage) failed,
+    /// or the stage never came; CRIU aborted the restore.
+    #[error("sandbox {id}: cannot ready the restored network namespace")]
+    NetnsHook {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: Box<belayer_criu::HookedRestoreError<crate::sandbox::netns::NetnsError>>,
+    },
     /// Store access failed.
     #[error(transparent)]
     Store(#[from] StoreError),
