@@ -264,8 +264,27 @@ impl ContextLog {
     }
 }
 
+/// How long [`flock_exclusive`] keeps trying a lock that is held.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// `flock(LOCK_EX | LOCK_NB)`, tried again for up to 250 ms while it answers `EWOULDBLOCK`:
+/// a lock this process released can stay held for a moment by a copy of its fd table (a child
+/// forked to run CRIU or a helper, before its exec closes the copy; a thread that unshared its
+/// fd table). Another writer keeps it longer and is still refused.
+pub(crate) fn flock_exclusive(fd: impl rustix::fd::AsFd) -> rustix::io::Result<()> {
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Err(rustix::io::Errno::WOULDBLOCK) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn lock_exclusive(file: &File, path: &Path) -> Result<(), ContextLogError> {
-    match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+    match flock_exclusive(file) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::WOULDBLOCK) => Err(ContextLogError::Locked {
             path: path.to_path_buf(),

@@ -24,6 +24,7 @@ mod encode;
 mod frame;
 mod index;
 mod log;
+pub(crate) use log::flock_exclusive;
 mod record;
 
 use std::path::PathBuf;

@@ -14,7 +14,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Dir, FileType, FlockOperation, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags};
 
 use super::error::ContextError;
 use super::names::{self, Key};
@@ -163,7 +163,7 @@ impl ContextsDir {
             });
         }
         // One writer per log, like `ContextLog`: another process holding it is refused.
-        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        match crate::context::flock_exclusive(&fd) {
             Ok(()) => Ok(File::from(fd)),
             Err(rustix::io::Errno::WOULDBLOCK) => Err(ContextLogError::Locked {
                 path: self.path.join(rel),
