@@ -27,6 +27,10 @@ const HEAD_BYTES: u64 = 8 << 20;
 /// How many first error lines a [`LogTail`] keeps.
 const FIRST_ERRORS: usize = 3;
 
+/// Error lines CRIU logs and then carries on from, never the cause of a failure: raising its
+/// own fd limit fails in a user namespace whose hard limit is lower (`criu/util.c`).
+const BENIGN_ERRORS: &[&str] = &["Can't setup RLIMIT_NOFILE for self"];
+
 /// CRIU's log verbosity (`-v<N>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogLevel {
@@ -164,7 +168,7 @@ fn read_first_errors(path: &Path) -> std::io::Result<Vec<String>> {
     Ok(String::from_utf8_lossy(&bytes)
         .lines()
         .map(strip_timestamp)
-        .filter(|l| is_error(l))
+        .filter(|l| is_error(l) && !BENIGN_ERRORS.iter().any(|b| l.contains(b)))
         .take(FIRST_ERRORS)
         .map(str::to_string)
         .collect())
@@ -238,7 +242,9 @@ mod tests {
     #[test]
     fn the_first_error_of_a_long_restore_log_is_shown() {
         let mut text = String::from(
-            "(00.000100)      1: Error (criu/sk-tcp.c:101): Can't turn TCP repair mode ON\n",
+            "(00.000050) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: \
+             Operation not permitted\n\
+             (00.000100)      1: Error (criu/sk-tcp.c:101): Can't turn TCP repair mode ON\n",
         );
         text.extend((0..1000).map(|i| format!("(00.0{i:05}) line {i}\n")));
         text.push_str("(00.900000) Error (criu/cr-restore.c:2500): Restoring FAILED.\n");
