@@ -148,10 +148,32 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
     }
     let output = std::process::Output {
         status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
+        stdout: collect(stdout, killed_after.is_some()),
+        stderr: collect(stderr, killed_after.is_some()),
     };
     Ok(finished(output, started.elapsed(), killed_after))
+}
+
+/// How long the output of a run killed at its limit is waited for.
+const KILLED_OUTPUT_GRACE: Duration = Duration::from_millis(500);
+
+/// What a drain thread read. For a run killed at its limit, at most
+/// [`KILLED_OUTPUT_GRACE`] is waited: a task CRIU forked outside its process group (a
+/// half-restored root task, in a session of its own) still holds CRIU's stdout and stderr,
+/// so the pipes see no end until the caller kills that task, after this returns. Such a
+/// thread is left to end then; the output it holds is dropped.
+fn collect(drain: std::thread::JoinHandle<Vec<u8>>, killed: bool) -> Vec<u8> {
+    if killed {
+        let deadline = Instant::now() + KILLED_OUTPUT_GRACE;
+        while !drain.is_finished() {
+            if Instant::now() > deadline {
+                return b"(output not collected: a task of the killed run holds its pipe)\n"
+                    .to_vec();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    drain.join().unwrap_or_default()
 }
 
 /// Process groups of killed CRIU runs whose members may still be unreaped orphans.
