@@ -398,10 +398,19 @@ impl Agent {
                 None => unknown(&req.id),
             },
             Request::Restore { id, verify } => match self.slot_for(caller, &id) {
-                Some(slot) => match sandbox::restore::restore(&self.rt, &slot, verify) {
-                    Ok(info) => Response::Restored(info),
-                    Err(e) => error(e.code(), &e),
-                },
+                Some(slot) => {
+                    let mut restored = sandbox::restore::restore(&self.rt, &slot, verify);
+                    if let Err(e) = &restored {
+                        if e.is_criu_trap() {
+                            tracing::warn!(sandbox = %id, error = %e, "restore failed on a task's SIGTRAP; trying once more");
+                            restored = sandbox::restore::restore(&self.rt, &slot, verify);
+                        }
+                    }
+                    match restored {
+                        Ok(info) => Response::Restored(info),
+                        Err(e) => error(e.code(), &e),
+                    }
+                }
                 None => unknown(&id),
             },
             Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
