@@ -25,9 +25,9 @@ use crate::run;
 /// Longest wait for CRIU to reach its `pre-dump` stage.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait of the script for an answer: a CRIU whose caller died gives up after it.
-const ORPHAN_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const ORPHAN_TIMEOUT: Duration = Duration::from_secs(120);
 /// Poll slice while waiting: how soon an early CRIU exit is noticed.
-const SLICE: Duration = Duration::from_millis(20);
+pub(crate) const SLICE: Duration = Duration::from_millis(20);
 
 /// Why a gated dump failed.
 #[derive(Debug, thiserror::Error)]
@@ -228,14 +228,19 @@ fn join(
     child: std::thread::JoinHandle<io::Result<run::Finished>>,
     criu: &Path,
 ) -> Result<run::Finished, DumpError> {
-    let spawn_err = |source| DumpError::Spawn {
+    join_runner(child).map_err(|source| DumpError::Spawn {
         criu: criu.to_path_buf(),
         source,
-    };
+    })
+}
+
+/// Waits for the thread running CRIU (a panic in it is an error like a failed spawn).
+pub(crate) fn join_runner(
+    child: std::thread::JoinHandle<io::Result<run::Finished>>,
+) -> io::Result<run::Finished> {
     child
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("criu runner thread panicked")))
-        .map_err(spawn_err)
 }
 
 #[cfg(test)]

@@ -14,18 +14,13 @@ use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::gate::{answer, make_fifo, quote};
+use crate::gate::{answer, join_runner, make_fifo, quote, ORPHAN_TIMEOUT, SLICE};
 use crate::restore::{RestoreError, RestoreOutcome, RestoreRequest};
 use crate::{run, Criu};
 
-/// Longest wait of the script for an answer: a CRIU whose caller died gives up after it.
-const ORPHAN_TIMEOUT: Duration = Duration::from_secs(120);
-/// Poll slice while waiting: how soon an early CRIU exit is noticed.
-const SLICE: Duration = Duration::from_millis(20);
 /// Longest pid line the script writes.
 const MAX_LINE: usize = 32;
 
@@ -164,13 +159,10 @@ fn join(
     child: std::thread::JoinHandle<io::Result<run::Finished>>,
     criu: &Path,
 ) -> Result<run::Finished, RestoreError> {
-    child
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("criu runner thread panicked")))
-        .map_err(|source| RestoreError::Spawn {
-            criu: criu.to_path_buf(),
-            source,
-        })
+    join_runner(child).map_err(|source| RestoreError::Spawn {
+        criu: criu.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -205,7 +197,8 @@ mod tests {
             .read_to_string(&mut text)
             .unwrap();
         assert_eq!(text, "4242\n");
-        let criu_running = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(3)));
+        let criu_running =
+            std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(3)));
         answer(&go, false, &criu_running).unwrap();
         assert!(
             !child.wait().unwrap().success(),
