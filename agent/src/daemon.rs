@@ -153,12 +153,6 @@ impl Agent {
         });
         match result {
             Ok(stats) => {
-                if let Some(q) = &self.rt.quota {
-                    // Qgroups of deleted instances that no longer share extents.
-                    if let Err(e) = q.sweep_stale() {
-                        tracing::debug!(error = %e, "stale qgroup sweep failed");
-                    }
-                }
                 tracing::info!(
                     live = stats.live_blobs,
                     references = stats.references,

@@ -1,12 +1,11 @@
-//! The state dir's file system as a quota domain: probing, enabling, listing and sweeping
-//! qgroups.
+//! The state dir's file system as a quota domain: probing, enabling and listing qgroups.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use super::sys::{self, le_u32, le_u64};
+use super::sys::{self, le_u64};
 use super::volume::Volume;
 use super::QuotaError;
 
@@ -57,10 +56,6 @@ const LIMIT_MAX_RFER: u64 = 1 << 0;
 const FIRST_SUBVOL: u64 = 256;
 /// ...and at most `BTRFS_LAST_FREE_OBJECTID` (-256).
 const LAST_SUBVOL: u64 = u64::MAX - 255;
-/// Byte offset of `refs` (le32) in `struct btrfs_root_item`: after the 160-byte inode item and
-/// seven le64 fields (generation, root_dirid, bytenr, byte_limit, bytes_used, last_snapshot,
-/// flags).
-const ROOT_ITEM_REFS: usize = 160 + 7 * 8;
 
 impl QuotaFs {
     /// Checks that `dir` is on btrfs with quotas on, without changing anything.
@@ -167,35 +162,30 @@ impl QuotaFs {
         })
     }
 
-    /// Removes stale qgroups: level-0 qgroups whose subvolume is gone and which account no
-    /// bytes. The kernel (6.18) removes a deleted subvolume's qgroup itself only when the
-    /// subvolume's extents are all freed by the time the cleaner drops it; when some were still
-    /// shared (reflinked into the blob store, say), the qgroup stays, first with those bytes, at
-    /// 0 bytes once they are freed too, and the kernel never removes it then. A qgroup the
-    /// kernel refuses to remove (`EBUSY`: bytes still accounted, or the subvolume is still
-    /// being dropped) is left for a later sweep. Returns how many were removed.
+    /// How many level-0 qgroups have no subvolume any more (stale qgroups), as of the last
+    /// commit. The kernel (6.18) removes a deleted subvolume's qgroup itself when the cleaner
+    /// ends the drop with no bytes charged to it; under simple quotas a qgroup whose extents are
+    /// still shared then (reflinked into the blob store, say) stays, and stays even at 0 bytes
+    /// once those are freed. Belayer never removes qgroups itself: on 6.18, removing the qgroup
+    /// of a subvolume that still owns an extent — and usage items lag behind delayed refs, so
+    /// "0 bytes" does not prove it owns none — aborts the next transaction that frees the
+    /// extent and forces the whole file system read-only ("Transaction aborted (error -2)" in
+    /// `do_free_extent_accounting`). A stale qgroup costs two items in the quota tree and a
+    /// few hundred bytes of kernel memory; `btrfs qgroup clear-stale` removes them while no
+    /// daemon runs.
     ///
     /// Errors: [`QuotaError::Qgroups`] when the trees cannot be read.
-    pub fn sweep_stale(&self) -> Result<usize, QuotaError> {
+    pub fn stale_qgroups(&self) -> Result<usize, QuotaError> {
         let err = |source| QuotaError::Qgroups {
             path: self.dir.clone(),
             source,
         };
+        let roots = subvolume_roots(&self.fd).map_err(err)?;
         let groups = qgroups(&self.fd, None).map_err(err)?;
-        let live = live_subvolumes(&self.fd).map_err(err)?;
-        let mut removed = 0;
-        for g in groups {
-            if live.contains(&g.id) || g.referenced != 0 || g.exclusive != 0 {
-                continue;
-            }
-            match sys::qgroup_remove(self.fd.as_fd(), g.id) {
-                Ok(()) => removed += 1,
-                Err(e) => {
-                    tracing::debug!(qgroup = g.id, error = %e, "stale qgroup not removed yet")
-                }
-            }
-        }
-        Ok(removed)
+        Ok(groups
+            .iter()
+            .filter(|g| g.id >= FIRST_SUBVOL && !roots.contains(&g.id))
+            .count())
     }
 
     /// Writes back dirty data and commits the current transaction, so that [`Volume::usage`]
@@ -282,8 +272,8 @@ pub(super) fn qgroups(
     Ok(out)
 }
 
-/// Ids of the subvolumes that exist and are not being deleted (root item with `refs > 0`).
-fn live_subvolumes(fd: &OwnedFd) -> Result<HashSet<u64>, crate::sys::SyscallError> {
+/// Ids of every subvolume root item of the file system, live or being dropped.
+fn subvolume_roots(fd: &OwnedFd) -> Result<HashSet<u64>, crate::sys::SyscallError> {
     let items = sys::tree_search(
         fd.as_fd(),
         sys::ROOT_TREE,
@@ -292,7 +282,7 @@ fn live_subvolumes(fd: &OwnedFd) -> Result<HashSet<u64>, crate::sys::SyscallErro
     )?;
     Ok(items
         .iter()
-        .filter(|i| i.kind == sys::ROOT_ITEM_KEY && le_u32(&i.data, ROOT_ITEM_REFS) > 0)
+        .filter(|i| i.kind == sys::ROOT_ITEM_KEY)
         .map(|i| i.objectid)
         .collect())
 }

@@ -12,7 +12,8 @@
 //! - [`QuotaFs::probe`] / [`QuotaFs::enable`]: is the state dir on btrfs with quotas on (turn
 //!   them on)? Typed errors say why not ([`QuotaError::NotBtrfs`], [`QuotaError::Disabled`]).
 //! - [`Volume::create`] (subvolume + limit), [`Volume::usage`], [`Volume::set_limit`],
-//!   [`Volume::delete`]; [`QuotaFs::sweep_stale`] removes qgroups left by deleted subvolumes.
+//!   [`Volume::delete`]; [`QuotaFs::stale_qgroups`] counts qgroups left by deleted subvolumes
+//!   (never removed: it says why).
 //! - [`make_instance_dir`] / [`remove_instance_dir`]: what the instance code calls;
 //!   [`resolve_limit`]: spec limit vs the daemon default; [`remove_contents`]: the one function
 //!   that walks a plain (non-volume) tree to delete it; [`open_state_quota`]: the daemon's policy
@@ -51,7 +52,7 @@
 //!   instance starts at ~0 bytes however large its checkpoint (the blob store holds those
 //!   bytes), and every byte it writes counts. A deleted instance whose extents the blob store
 //!   still shares keeps a stale qgroup with those bytes until the blobs are collected; then it
-//!   sits at 0 and [`QuotaFs::sweep_stale`] removes it.
+//!   sits at 0; Belayer leaves it there ([`QuotaFs::stale_qgroups`]).
 //! - Full qgroups: "referenced" counts every extent the instance can reach, shared or not, so
 //!   a restored instance starts at its checkpoint's size; "exclusive" counts only unshared
 //!   extents and so moves when *another* subvolume (the blob store, by collection) drops its
@@ -71,8 +72,8 @@
 //! A sandbox sees its instance only through overlayfs: btrfs ioctls on overlay files fail
 //! (`ENOTTY`), so it can neither create nested subvolumes (which would block deletion) nor
 //! change qgroups, and it has no `CAP_SYS_ADMIN`. Deleting a volume walks nothing in user
-//! space. The stale-qgroup sweep removes only qgroups without subvolume and without bytes, the
-//! ones the kernel itself removes when a drop ends at zero.
+//! space. No qgroup is ever removed from user space: on 6.18 that can abort a transaction and
+//! force the state file system read-only ([`QuotaFs::stale_qgroups`]).
 
 pub mod fs;
 pub mod instance;

@@ -14,7 +14,8 @@ use super::{QuotaError, QuotaFs, QuotaMode};
 ///   sandboxes are refused ([`super::make_instance_dir`] answers
 ///   [`QuotaError::Unavailable`]). Returns `Ok(None)` then.
 ///
-/// Stale qgroups of subvolumes deleted before are swept ([`QuotaFs::sweep_stale`]).
+/// Stale qgroups of subvolumes deleted before are counted in the log, never removed
+/// ([`QuotaFs::stale_qgroups`] says why).
 ///
 /// Errors: those of [`QuotaFs::enable`], only when `default_limit > 0`.
 pub fn open_state_quota(
@@ -50,10 +51,10 @@ pub fn open_state_quota(
              rescan (btrfs quota rescan)"
         );
     }
-    match quota.sweep_stale() {
+    match quota.stale_qgroups() {
         Ok(0) => {}
-        Ok(n) => tracing::info!(removed = n, "removed stale qgroups"),
-        Err(e) => tracing::warn!(error = %e, "cannot sweep stale qgroups"),
+        Ok(n) => tracing::info!(stale = n, "stale qgroups of deleted subvolumes (kept)"),
+        Err(e) => tracing::warn!(error = %e, "cannot read qgroups"),
     }
     tracing::info!(
         state_dir = %state_dir.display(),

@@ -83,13 +83,6 @@ struct QgroupLimitArgs {
     lim: QgroupLimit,
 }
 
-/// `struct btrfs_ioctl_qgroup_create_args`.
-#[repr(C)]
-struct QgroupCreateArgs {
-    create: u64,
-    qgroupid: u64,
-}
-
 /// `struct btrfs_ioctl_ino_lookup_args` (4096 bytes).
 #[repr(C)]
 struct InoLookupArgs {
@@ -136,7 +129,6 @@ const _: () = {
     assert!(std::mem::size_of::<QuotaCtlArgs>() == 16);
     assert!(std::mem::size_of::<VolArgsV2>() == 4096);
     assert!(std::mem::size_of::<QgroupLimitArgs>() == 48);
-    assert!(std::mem::size_of::<QgroupCreateArgs>() == 16);
     assert!(std::mem::size_of::<InoLookupArgs>() == 4096);
     assert!(std::mem::size_of::<SearchKey>() == 104);
     assert!(std::mem::size_of::<SearchArgs>() == 4096);
@@ -151,8 +143,6 @@ const IOC_SUBVOL_CREATE_V2: libc::c_ulong = ioc(IOC_WRITE, 24, std::mem::size_of
 const IOC_SNAP_DESTROY_V2: libc::c_ulong = ioc(IOC_WRITE, 63, std::mem::size_of::<VolArgsV2>());
 // The kernel declares QGROUP_LIMIT with _IOR although it only reads the argument.
 const IOC_QGROUP_LIMIT: libc::c_ulong = ioc(IOC_READ, 43, std::mem::size_of::<QgroupLimitArgs>());
-const IOC_QGROUP_CREATE: libc::c_ulong =
-    ioc(IOC_WRITE, 42, std::mem::size_of::<QgroupCreateArgs>());
 const IOC_INO_LOOKUP: libc::c_ulong = ioc(
     IOC_READ | IOC_WRITE,
     18,
@@ -279,25 +269,6 @@ pub fn qgroup_limit(fd: BorrowedFd<'_>, qgroupid: u64, max_rfer: Option<u64>) ->
             &mut args,
             "ioctl(BTRFS_IOC_QGROUP_LIMIT)",
             &|| format!("qgroup 0/{qgroupid}"),
-        )
-    }
-}
-
-/// Removes qgroup `qgroupid` (`BTRFS_IOC_QGROUP_CREATE` with `create = 0`). The kernel refuses
-/// (`EBUSY`) while its subvolume exists or while it still accounts bytes.
-pub fn qgroup_remove(fd: BorrowedFd<'_>, qgroupid: u64) -> SysResult<()> {
-    let mut args = QgroupCreateArgs {
-        create: 0,
-        qgroupid,
-    };
-    // SAFETY: `args` is a live QgroupCreateArgs, the struct QGROUP_CREATE takes.
-    unsafe {
-        ioctl(
-            fd,
-            IOC_QGROUP_CREATE,
-            &mut args,
-            "ioctl(BTRFS_IOC_QGROUP_CREATE)",
-            &|| format!("remove qgroup 0/{qgroupid}"),
         )
     }
 }
@@ -463,7 +434,6 @@ mod tests {
         assert_eq!(IOC_SUBVOL_CREATE_V2, 0x5000_9418);
         assert_eq!(IOC_SNAP_DESTROY_V2, 0x5000_943f);
         assert_eq!(IOC_QGROUP_LIMIT, 0x8030_942b);
-        assert_eq!(IOC_QGROUP_CREATE, 0x4010_942a);
         assert_eq!(IOC_INO_LOOKUP, 0xd000_9412);
         assert_eq!(IOC_TREE_SEARCH, 0xd000_9411);
         assert_eq!(IOC_SYNC, 0x9408);

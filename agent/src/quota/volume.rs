@@ -158,8 +158,8 @@ impl Volume {
 
     /// Deletes the subvolume with everything in it (`BTRFS_IOC_SNAP_DESTROY_V2`): the name is
     /// gone when this returns; the kernel frees the tree in the background and then drops
-    /// the qgroup when it accounts no bytes any more (else [`super::QuotaFs::sweep_stale`]
-    /// removes it later). Nothing of the (sandbox-written) tree is walked in user space, so
+    /// the qgroup when it accounts no bytes by then (else the qgroup stays: see
+    /// [`super::QuotaFs::stale_qgroups`]). Nothing of the (sandbox-written) tree is walked in user space, so
     /// depth, entry count, symlinks and races inside it do not matter.
     ///
     /// The caller must have ended every process using the volume and unmounted what it
