@@ -120,9 +120,9 @@ pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUM
 pub use gate::{abort_gated_dump, GatedDumpError};
 pub use hook::HookedRestoreError;
 pub use images::{
-    tcp_connections, validate_restore_paths, validate_restore_paths_allowing, AllowedBind,
-    ImagePathReport, PathOp, SocketImageError, TcpConnection, UnsafeImagePath, UnsafeKind,
-    ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
+    stopped_tasks, tcp_connections, validate_restore_paths, validate_restore_paths_allowing,
+    AllowedBind, ImagePathReport, ImageReadError, PathOp, TcpConnection, UnsafeImagePath,
+    UnsafeKind, ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
 };
 pub use kdat::{KdatCache, KdatError, KdatMode};
 pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN_MAJOR_VERSION};

@@ -517,3 +517,46 @@ fn first_pids_after_restore_match_the_failure_free_run() {
         );
     }
 }
+
+/// State: a task the sandbox stopped itself (`SIGSTOP`; zdtm `stopped`, `stopped01`) stays
+/// stopped after a verified restore while its running sibling runs; its parent still gets the
+/// stop from `waitpid(WUNTRACED)`, and `SIGCONT` then continues it.
+#[test]
+fn a_task_stopped_by_the_sandbox_stays_stopped() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = probe(
+        &d,
+        &id,
+        "stopped",
+        r#"
+child = os.fork()
+if child == 0:
+    time.sleep(1000)
+    os._exit(0)
+os.kill(child, signal.SIGSTOP)
+os.waitid(os.P_PID, child, os.WSTOPPED | os.WNOWAIT)
+open("/tmp/stopped", "w").write(str(child))
+ready()
+wait_term()
+_, st = os.waitpid(child, os.WUNTRACED | os.WCONTINUED)
+check(os.WIFSTOPPED(st), f"waitpid: not stopped ({st:#x})")
+os.kill(child, signal.SIGCONT)
+_, st = os.waitpid(child, os.WCONTINUED)
+check(os.WIFCONTINUED(st), f"waitpid: not continued ({st:#x})")
+os.kill(child, signal.SIGKILL)
+finish()
+"#,
+    );
+    d.sh(&id, "sleep 1000 >/dev/null 2>&1 & echo $! >/tmp/running");
+    let state = |d: &Daemon, task: &str| {
+        d.sh(&id, &format!("cut -d' ' -f3 /proc/$(cat /tmp/{task})/stat"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(state(&d, "stopped"), "T");
+    p.checkpoint_kill_restore();
+    assert_eq!(state(&d, "stopped"), "T", "the stopped task runs again");
+    assert_eq!(state(&d, "running"), "S", "the running task stays stopped");
+    p.assert_pass();
+}

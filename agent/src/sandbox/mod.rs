@@ -182,6 +182,15 @@ pub fn process_list(cgroup: &SandboxCgroup) -> Vec<String> {
     out
 }
 
+/// The pid of host task `pid` in the sandbox's pid namespace (the second `NSpid` of
+/// `/proc/<pid>/status`: the daemon's namespace, then the sandbox's), `None` when the task is
+/// gone or not in a child pid namespace.
+pub fn sandbox_pid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    nspid.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether a task of the sandbox waits in `vfork` for its child to exec or exit (its kernel
 /// stack, `/proc/<pid>/stack`, says so). Such a task cannot be seized by CRIU while frozen.
 pub fn in_vfork(cgroup: &SandboxCgroup) -> bool {

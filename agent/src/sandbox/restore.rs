@@ -209,6 +209,15 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
+            // Tasks the sandbox had stopped itself stay stopped after a verified restore.
+            let stopped = if verify {
+                belayer_criu::stopped_tasks(&images).unwrap_or_else(|e| {
+                    tracing::warn!(sandbox = %id, error = %e, "task states unknown: all resume");
+                    Vec::new()
+                })
+            } else {
+                Vec::new()
+            };
             let cgroup_dirs = instance
                 .cgroup()
                 .procs_files()
@@ -307,7 +316,7 @@ pub fn restore(
             if verify {
                 // The tree is stopped: list it exactly as CRIU rebuilt it, then let it run.
                 restored_processes = Some(super::process_list(instance.cgroup()));
-                resume(instance.cgroup());
+                resume(instance.cgroup(), &stopped);
             }
             instance.keep();
             let start = sys::process_start_time(outcome.pid).unwrap_or(0);
@@ -487,9 +496,14 @@ fn upper_matches(
     Ok(digest == layer.content_digest())
 }
 
-/// Sends SIGCONT to every task of a tree CRIU left stopped.
-fn resume(cgroup: &SandboxCgroup) {
+/// Sends SIGCONT to every task of a tree CRIU left stopped (`--leave-stopped`) except those
+/// that were stopped at dump time (`stopped`: pids in the sandbox's pid namespace, from
+/// [`belayer_criu::stopped_tasks`]), which stay stopped as a plain restore leaves them.
+fn resume(cgroup: &SandboxCgroup, stopped: &[u32]) {
     for pid in cgroup.pids().unwrap_or_default() {
+        if super::sandbox_pid(pid).is_some_and(|p| stopped.contains(&p)) {
+            continue;
+        }
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGCONT);
     }
 }
