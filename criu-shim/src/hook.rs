@@ -1,12 +1,24 @@
-//! A restore with a hook at CRIU's `post-setup-namespaces` stage: CRIU has created the
-//! restored tree's namespaces (the root task exists, no file or socket is restored yet) and
-//! runs its action script, which reports the root task's host pid and waits for a go. The
-//! caller readies the namespaces meanwhile (for a tree restored with
-//! [`RestoreRequest::empty_netns`]: `lo` up, sysctls, a lock against early packets).
+//! A restore that stops at CRIU's action-script stages and calls back:
+//! - `post-setup-namespaces` ([`RestoreStage::Namespaces`]): CRIU has created the restored
+//!   tree's namespaces (the root task exists, no file or socket is restored yet). The caller
+//!   readies them (for a tree restored with [`RestoreRequest::empty_netns`]: `lo` up, sysctls,
+//!   a lock against early packets); an error aborts the restore.
+//! - `pre-resume` ([`RestoreStage::PreResume`]): every task is restored and held by CRIU
+//!   (ptrace-stopped on its last `rt_sigreturn`), tasks that were stopped at dump time already
+//!   have their stop signal again; CRIU lets the tree run once the callback returns. The caller
+//!   lists the tree as CRIU rebuilt it and sets what must be set before any task runs (the pid
+//!   counter). CRIU ignores the script's status at this stage, so the tree resumes whatever the
+//!   callback returns; its error is returned once CRIU has finished.
 //!
-//! The script and its fifos (`hook-ready`, `hook-go`) live in the restore's work dir. An
-//! answer other than `go` fails the script, which makes CRIU abort the restore (it kills the
-//! half-restored tree). A CRIU killed at its time limit takes the script with it (they share
+//! Holding the tree at `pre-resume` instead of `--leave-stopped` sends no signal to it: a
+//! `SIGSTOP` to every task and a `SIGCONT` afterwards would reach their parents as job-control
+//! events (`SIGCHLD` with `CLD_STOPPED`, `waitpid` reporting `WIFCONTINUED`) that never happened
+//! before the failure, and would lose the stop signal of tasks stopped by another one than
+//! `SIGSTOP`.
+//!
+//! The script and its fifos (`hook-ready`, `hook-go`) live in the restore's work dir; the
+//! script reports `<stage> <root pid>` and waits for the answer. An answer other than `go`
+//! fails the script. A CRIU killed at its time limit takes the script with it (they share
 //! CRIU's process group).
 
 use std::fs::OpenOptions;
@@ -21,16 +33,44 @@ use crate::gate::{answer, join_runner, make_fifo, quote, ORPHAN_TIMEOUT, SLICE};
 use crate::restore::{RestoreError, RestoreOutcome, RestoreRequest};
 use crate::{run, Criu};
 
-/// Longest pid line the script writes.
-const MAX_LINE: usize = 32;
+/// Longest line the script writes (`pre-resume ` and a pid).
+const MAX_LINE: usize = 64;
+
+/// A stage of a restore at which [`Criu::restore_staged`] calls back (in CRIU's order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RestoreStage {
+    /// `post-setup-namespaces`: namespaces made, nothing restored in them; `Err` aborts.
+    Namespaces,
+    /// `pre-resume`: the whole tree restored and held; it runs after the callback whatever it
+    /// returns.
+    PreResume,
+}
+
+impl RestoreStage {
+    /// CRIU's name of the stage (`$CRTOOLS_SCRIPT_ACTION`).
+    pub fn action(self) -> &'static str {
+        match self {
+            RestoreStage::Namespaces => "post-setup-namespaces",
+            RestoreStage::PreResume => "pre-resume",
+        }
+    }
+}
 
 /// Why a hooked restore failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HookedRestoreError<E> {
-    /// The caller's hook failed; CRIU was told to abort the restore.
-    #[error("the step at the restore's post-setup-namespaces stage failed")]
-    Hook(#[source] E),
-    /// Setting up the hook (script, fifos) failed, or CRIU reported a pid that is none.
+    /// The caller's callback at `stage` failed (at [`RestoreStage::Namespaces`] CRIU was told
+    /// to abort the restore; at [`RestoreStage::PreResume`] the tree runs).
+    #[error("the step at the restore's {} stage failed", stage.action())]
+    Hook {
+        /// The stage.
+        stage: RestoreStage,
+        /// The callback's error.
+        #[source]
+        source: E,
+    },
+    /// Setting up the hook (script, fifos) failed, or CRIU reported a stage or pid that is
+    /// not the one expected.
     #[error("cannot set up the restore hook at {}", path.display())]
     Setup {
         /// The file involved.
@@ -39,7 +79,7 @@ pub enum HookedRestoreError<E> {
         #[source]
         source: io::Error,
     },
-    /// CRIU exited before its post-setup-namespaces stage, or the restore itself failed.
+    /// CRIU exited before a stage, or the restore itself failed.
     #[error(transparent)]
     Restore(#[from] RestoreError),
 }
@@ -49,34 +89,56 @@ fn setup_err<E>(path: &Path) -> impl FnOnce(io::Error) -> HookedRestoreError<E> 
     move |source| HookedRestoreError::Setup { path, source }
 }
 
-/// The action script: on `post-setup-namespaces`, write `$CRTOOLS_INIT_PID` into `ready` and
-/// wait for the answer in `go`; every other stage passes. Both fifo operations are bounded.
-fn hook_script(ready: &Path, go: &Path) -> String {
+/// The action script: at each of `stages`, write `<stage> $CRTOOLS_INIT_PID` into `ready`
+/// and wait for the answer in `go`; every other stage passes. Both fifo operations are bounded.
+fn hook_script(stages: &[RestoreStage], ready: &Path, go: &Path) -> String {
+    let held: Vec<&str> = stages.iter().map(|s| s.action()).collect();
     format!(
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-setup-namespaces ] || exit 0\n\
-         timeout {wait} sh -c 'echo \"$CRTOOLS_INIT_PID\" > \"$1\"' hook {ready} || exit 1\n\
+        "#!/bin/sh\ncase \"$CRTOOLS_SCRIPT_ACTION\" in\n{held}) ;;\n*) exit 0 ;;\nesac\n\
+         timeout {wait} sh -c 'echo \"$2 $CRTOOLS_INIT_PID\" > \"$1\"' hook {ready} \
+         \"$CRTOOLS_SCRIPT_ACTION\" || exit 1\n\
          answer=$(timeout {wait} cat {go}) || exit 1\n\
          [ \"$answer\" = go ]\n",
+        held = held.join("|"),
         wait = ORPHAN_TIMEOUT.as_secs(),
         ready = quote(ready),
         go = quote(go),
     )
 }
 
+/// Parses `<stage> <pid>` as the script writes it; `None` unless it is `expected` with a pid
+/// above 1.
+fn parse_line(line: &[u8], expected: RestoreStage) -> Option<i32> {
+    let text = std::str::from_utf8(line).ok()?;
+    let (action, pid) = text.trim().split_once(' ')?;
+    (action == expected.action())
+        .then(|| pid.parse::<i32>().ok())
+        .flatten()
+        .filter(|&p| p > 1)
+}
+
 impl Criu {
-    /// Like [`Criu::restore`], but `hook` runs with the restored root task's host pid once
-    /// CRIU has created the tree's namespaces and before it restores any file or socket; CRIU
-    /// goes on if `hook` returned `Ok` and aborts the restore (killing what it made) if it
-    /// returned `Err`. CRIU's time limit ([`RestoreRequest::time_limit`]) bounds the wait for
-    /// that stage. Returns the outcome and what `hook` returned.
+    /// Like [`Criu::restore`], but CRIU stops at each of `stages` and `on_stage` runs with the
+    /// stage and the restored root task's host pid (see the module docs for what holds at
+    /// each). At [`RestoreStage::Namespaces`] CRIU goes on if `on_stage` returned `Ok` and
+    /// aborts the restore (killing what it made) if it returned `Err`; at
+    /// [`RestoreStage::PreResume`] it goes on either way. CRIU's time limit
+    /// ([`RestoreRequest::time_limit`]) bounds the whole restore, waits included.
     ///
     /// Errors: [`HookedRestoreError::Hook`], [`HookedRestoreError::Setup`],
-    /// [`HookedRestoreError::Restore`] (CRIU exited before the stage, or failed after it).
-    pub fn restore_hooked<T, E>(
+    /// [`HookedRestoreError::Restore`] (CRIU exited before a stage, or failed after it).
+    pub fn restore_staged<E>(
         &self,
         req: &RestoreRequest,
-        hook: impl FnOnce(i32) -> Result<T, E>,
-    ) -> Result<(RestoreOutcome, T), HookedRestoreError<E>> {
+        stages: &[RestoreStage],
+        mut on_stage: impl FnMut(RestoreStage, i32) -> Result<(), E>,
+    ) -> Result<RestoreOutcome, HookedRestoreError<E>> {
+        let mut stages = stages.to_vec();
+        stages.sort();
+        stages.dedup();
+        if stages.is_empty() {
+            return Ok(self.restore(req)?);
+        }
         let setup = req.child_setup()?;
         let work = req.work_dir().to_path_buf();
         let ready_path = work.join("hook-ready");
@@ -84,12 +146,16 @@ impl Criu {
         let script = work.join("hook.sh");
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        std::fs::write(&script, hook_script(&ready_path, &go_path)).map_err(setup_err(&script))?;
+        std::fs::write(&script, hook_script(&stages, &ready_path, &go_path))
+            .map_err(setup_err(&script))?;
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(setup_err(&script))?;
-        // Opened before CRIU starts, so the script's write never blocks on our open.
+        // Opened before CRIU starts, so the script's write never blocks on our open; read and
+        // write, so that between two stages the fifo has a writer and `poll` waits for data
+        // instead of reporting a hang-up.
         let mut ready = OpenOptions::new()
             .read(true)
+            .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(&ready_path)
             .map_err(setup_err(&ready_path))?;
@@ -99,58 +165,85 @@ impl Criu {
         let criu = self.path().to_path_buf();
         let child = std::thread::spawn(move || run::run(&criu, &args, setup));
 
-        let mut line = Vec::new();
-        let reported = loop {
-            if child.is_finished() {
-                break false;
+        let mut failed = None;
+        for stage in stages {
+            let Some(line) = read_line(&mut ready, &child) else {
+                let done = join(child, self.path())?;
+                req.finish(done)?;
+                return Err(setup_err(&ready_path)(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("criu exited before its {} stage", stage.action()),
+                )));
+            };
+            let Some(pid) = parse_line(&line, stage) else {
+                let _ = answer(&go_path, false, &child);
+                let done = join(child, self.path())?;
+                let _ = req.finish(done);
+                return Err(setup_err(&ready_path)(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "criu reported {:?} where {} was expected",
+                        String::from_utf8_lossy(&line),
+                        stage.action()
+                    ),
+                )));
+            };
+            let result = on_stage(stage, pid);
+            let proceed = result.is_ok();
+            if let Err(source) = result {
+                failed = Some(HookedRestoreError::Hook { stage, source });
             }
-            let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
-            let slice = PollTimeout::try_from(SLICE).unwrap_or(PollTimeout::MAX);
-            match poll(&mut fds, slice) {
-                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-                Ok(_) => {
-                    let mut buf = [0u8; MAX_LINE];
-                    match ready.read(&mut buf) {
-                        Ok(n) if n > 0 => {
-                            line.extend_from_slice(&buf[..n]);
-                            if line.ends_with(b"\n") || line.len() >= MAX_LINE {
-                                break true;
-                            }
-                        }
-                        // Writer gone (EOF) or nothing yet: keep polling.
-                        _ => std::thread::sleep(SLICE),
-                    }
-                }
-                Err(e) => return Err(setup_err(&ready_path)(e.into())),
+            if let Err(e) = answer(&go_path, proceed, &child) {
+                let done = join(child, self.path())?;
+                req.finish(done)?;
+                return Err(setup_err(&go_path)(e));
             }
-        };
-        if !reported {
-            let done = join(child, self.path())?;
-            req.finish(done)?;
-            return Err(setup_err(&ready_path)(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "criu exited before its post-setup-namespaces stage",
-            )));
+            if !proceed && stage == RestoreStage::Namespaces {
+                break;
+            }
         }
-        let pid = std::str::from_utf8(&line)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .filter(|&p| p > 1);
-        let hooked = pid.map(hook);
-        let proceed = matches!(hooked, Some(Ok(_)));
-        let answered = answer(&go_path, proceed, &child);
         let done = join(child, self.path())?;
-        answered.map_err(setup_err(&go_path))?;
-        match hooked {
-            Some(Ok(value)) => Ok((req.finish(done)?, value)),
-            Some(Err(e)) => Err(HookedRestoreError::Hook(e)),
-            None => Err(setup_err(&ready_path)(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "criu reported root pid {:?}",
-                    String::from_utf8_lossy(&line)
-                ),
-            ))),
+        match failed {
+            Some(e) => {
+                let _ = req.finish(done);
+                Err(e)
+            }
+            None => Ok(req.finish(done)?),
+        }
+    }
+}
+
+/// One line from the script (up to its newline or [`MAX_LINE`] bytes); `None` once CRIU has
+/// exited without writing one.
+fn read_line(
+    ready: &mut std::fs::File,
+    child: &std::thread::JoinHandle<io::Result<run::Finished>>,
+) -> Option<Vec<u8>> {
+    let mut line = Vec::new();
+    loop {
+        if child.is_finished() && line.is_empty() {
+            // A last look: the line may have come just before CRIU went on and exited.
+            let mut buf = [0u8; MAX_LINE];
+            match ready.read(&mut buf) {
+                Ok(n) if n > 0 => line.extend_from_slice(&buf[..n]),
+                _ => return None,
+            }
+        }
+        if line.ends_with(b"\n") || line.len() >= MAX_LINE {
+            return Some(line);
+        }
+        let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
+        let slice = PollTimeout::try_from(SLICE).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, slice) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {
+                let mut buf = [0u8; MAX_LINE];
+                match ready.read(&mut buf) {
+                    Ok(n) if n > 0 => line.extend_from_slice(&buf[..n]),
+                    _ => std::thread::sleep(SLICE),
+                }
+            }
+            Err(_) => std::thread::sleep(SLICE),
         }
     }
 }
@@ -172,37 +265,74 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_script_reports_the_root_pid_and_passes_other_stages() {
+    fn the_script_reports_stage_and_root_pid_and_passes_other_stages() {
         let dir = tempfile::tempdir().unwrap();
         let (ready, go) = (dir.path().join("hook-ready"), dir.path().join("hook-go"));
         make_fifo(&ready).unwrap();
         make_fifo(&go).unwrap();
         let script = dir.path().join("hook.sh");
-        std::fs::write(&script, hook_script(&ready, &go)).unwrap();
-        let other = Command::new("sh")
-            .arg(&script)
-            .env("CRTOOLS_SCRIPT_ACTION", "post-restore")
-            .status()
-            .unwrap();
-        assert!(other.success());
-        let mut child = Command::new("sh")
+        let stages = [RestoreStage::Namespaces, RestoreStage::PreResume];
+        std::fs::write(&script, hook_script(&stages, &ready, &go)).unwrap();
+        for other in ["post-restore", "post-resume", "setup-namespaces"] {
+            let status = Command::new("sh")
+                .arg(&script)
+                .env("CRTOOLS_SCRIPT_ACTION", other)
+                .status()
+                .unwrap();
+            assert!(status.success(), "{other}");
+        }
+        for (stage, proceed) in [
+            (RestoreStage::Namespaces, true),
+            (RestoreStage::PreResume, false),
+        ] {
+            let mut child = Command::new("sh")
+                .arg(&script)
+                .env("CRTOOLS_SCRIPT_ACTION", stage.action())
+                .env("CRTOOLS_INIT_PID", "4242")
+                .spawn()
+                .unwrap();
+            let mut text = String::new();
+            std::fs::File::open(&ready)
+                .unwrap()
+                .read_to_string(&mut text)
+                .unwrap();
+            assert_eq!(text, format!("{} 4242\n", stage.action()));
+            assert_eq!(parse_line(text.as_bytes(), stage), Some(4242));
+            let criu_running =
+                std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(3)));
+            answer(&go, proceed, &criu_running).unwrap();
+            assert_eq!(
+                child.wait().unwrap().success(),
+                proceed,
+                "an abort fails the script"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_asked_stages_are_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, go) = (dir.path().join("hook-ready"), dir.path().join("hook-go"));
+        let script = dir.path().join("hook.sh");
+        std::fs::write(
+            &script,
+            hook_script(&[RestoreStage::PreResume], &ready, &go),
+        )
+        .unwrap();
+        let status = Command::new("sh")
             .arg(&script)
             .env("CRTOOLS_SCRIPT_ACTION", "post-setup-namespaces")
-            .env("CRTOOLS_INIT_PID", "4242")
-            .spawn()
+            .status()
             .unwrap();
-        let mut text = String::new();
-        std::fs::File::open(&ready)
-            .unwrap()
-            .read_to_string(&mut text)
-            .unwrap();
-        assert_eq!(text, "4242\n");
-        let criu_running =
-            std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_secs(3)));
-        answer(&go, false, &criu_running).unwrap();
-        assert!(
-            !child.wait().unwrap().success(),
-            "an abort fails the script"
-        );
+        assert!(status.success());
+    }
+
+    #[test]
+    fn a_line_for_another_stage_or_pid_is_refused() {
+        let ns = RestoreStage::Namespaces;
+        assert_eq!(parse_line(b"pre-resume 4242\n", ns), None);
+        assert_eq!(parse_line(b"post-setup-namespaces 1\n", ns), None);
+        assert_eq!(parse_line(b"post-setup-namespaces \n", ns), None);
+        assert_eq!(parse_line(b"post-setup-namespaces 77\n", ns), Some(77));
     }
 }

@@ -118,11 +118,11 @@ mod sys;
 
 pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUMP_LOG};
 pub use gate::{abort_gated_dump, GatedDumpError};
-pub use hook::HookedRestoreError;
+pub use hook::{HookedRestoreError, RestoreStage};
 pub use images::{
-    stopped_tasks, tcp_connections, validate_restore_paths, validate_restore_paths_allowing,
-    AllowedBind, ImagePathReport, ImageReadError, PathOp, TcpConnection, UnsafeImagePath,
-    UnsafeKind, ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
+    tcp_connections, validate_restore_paths, validate_restore_paths_allowing, AllowedBind,
+    ImagePathReport, ImageReadError, PathOp, TcpConnection, UnsafeImagePath, UnsafeKind,
+    ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
 };
 pub use kdat::{KdatCache, KdatError, KdatMode};
 pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN_MAJOR_VERSION};

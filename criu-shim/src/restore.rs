@@ -26,7 +26,6 @@ pub struct RestoreRequest {
     work_dir: PathBuf,
     root: Option<PathBuf>,
     restore_sibling: bool,
-    leave_stopped: bool,
     ext_mount_auto: bool,
     tcp_established: bool,
     file_locks: bool,
@@ -159,7 +158,6 @@ impl RestoreRequest {
             work_dir: work_dir.into(),
             root: None,
             restore_sibling: true,
-            leave_stopped: false,
             ext_mount_auto: true,
             tcp_established: false,
             file_locks: false,
@@ -203,7 +201,7 @@ impl RestoreRequest {
     /// `--empty-ns net`, for a tree dumped with
     /// [`DumpRequest::empty_netns`](crate::DumpRequest::empty_netns): CRIU creates the tree's
     /// network namespace (with its user namespace, so that one owns it) and leaves it bare,
-    /// `lo` down. Use [`Criu::restore_hooked`] to ready it before any socket is restored.
+    /// `lo` down. Use [`Criu::restore_staged`] to ready it before any socket is restored.
     pub fn empty_netns(mut self, on: bool) -> Self {
         self.empty_netns = on;
         self
@@ -221,13 +219,6 @@ impl RestoreRequest {
     /// CRIU's child and, once CRIU exits, is re-parented to the nearest child subreaper (or init).
     pub fn restore_sibling(mut self, on: bool) -> Self {
         self.restore_sibling = on;
-        self
-    }
-
-    /// `--leave-stopped`: every restored task is left stopped (SIGSTOP) instead of resumed, so
-    /// the caller can inspect the exact restored tree; it must then send SIGCONT to each task.
-    pub fn leave_stopped(mut self, on: bool) -> Self {
-        self.leave_stopped = on;
         self
     }
 
@@ -312,9 +303,6 @@ impl RestoreRequest {
         a.push("--restore-detached".into());
         if self.restore_sibling {
             a.push("--restore-sibling".into());
-        }
-        if self.leave_stopped {
-            a.push("--leave-stopped".into());
         }
         push(&mut a, "--pidfile", self.pidfile_path());
         if let Some(root) = &self.root {

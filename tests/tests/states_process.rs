@@ -560,3 +560,34 @@ finish()
     assert_eq!(state(&d, "running"), "S", "the running task stays stopped");
     p.assert_pass();
 }
+
+/// State: job-control events. A restore must not show a parent stop or continue events of its
+/// running children that never happened (a shell would print "Stopped" for its jobs).
+#[test]
+fn running_children_report_no_job_control_events_after_restore() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = probe(
+        &d,
+        &id,
+        "jobs",
+        r#"
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+child = os.fork()
+if child == 0:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+    time.sleep(1000)
+    os._exit(0)
+ready()
+wait_term()
+pid, st = os.waitpid(child, os.WUNTRACED | os.WCONTINUED | os.WNOHANG)
+check(pid == 0, f"waitpid reports a change of the running child: {st:#x}")
+info = signal.sigtimedwait([signal.SIGCHLD], 0)
+check(info is None, f"SIGCHLD pending: code {info and info.si_code}")
+os.kill(child, signal.SIGKILL)
+finish()
+"#,
+    );
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}

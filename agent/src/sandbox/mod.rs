@@ -158,7 +158,8 @@ fn mark_failed(rec: &mut SandboxRecord, paths: &SandboxPaths, removed: bool) {
     }
 }
 
-/// The processes of a sandbox as `"<pid in the sandbox> <comm>"`, sorted: the process-list
+/// The processes of a sandbox as `"<pid in the sandbox> <comm>"`, sorted (tasks of the
+/// daemon's pid namespace in its cgroup left out): the process-list
 /// half of the validity check of a restore (CRIU restores the same pids inside the sandbox's
 /// pid namespace).
 pub fn process_list(cgroup: &SandboxCgroup) -> Vec<String> {
@@ -174,21 +175,15 @@ pub fn process_list(cgroup: &SandboxCgroup) -> Vec<String> {
                     .find_map(|l| l.strip_prefix(name))
                     .map(|v| v.trim().to_string())
             };
-            let nspid = field("NSpid:")?.split_whitespace().last()?.to_string();
+            // Tasks of the daemon's own pid namespace (CRIU and its action script, which
+            // join the cgroup while they restore the tree) are not the sandbox's.
+            let nspids = field("NSpid:")?;
+            let nspid = nspids.split_whitespace().skip(1).last()?.to_string();
             Some(format!("{nspid} {}", field("Name:")?))
         })
         .collect();
     out.sort();
     out
-}
-
-/// The pid of host task `pid` in the sandbox's pid namespace (the second `NSpid` of
-/// `/proc/<pid>/status`: the daemon's namespace, then the sandbox's), `None` when the task is
-/// gone or not in a child pid namespace.
-pub fn sandbox_pid(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    nspid.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether a task of the sandbox waits in `vfork` for its child to exec or exit (its kernel

@@ -18,7 +18,7 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use belayer_criu::{NetworkLock, RestoreRequest};
+use belayer_criu::{NetworkLock, RestoreRequest, RestoreStage};
 use belayer_ipc::{RestoreInfo, RestoreTimings, RestoreValidity};
 use belayer_overlay::layer::{layer_digest, materialize_layer, LayerManifest, MaterializeOptions};
 
@@ -209,15 +209,6 @@ pub fn restore(
                 source,
             })?;
             let images = store.path(&m.checkpoint).join("criu");
-            // Tasks the sandbox had stopped itself stay stopped after a verified restore.
-            let stopped = if verify {
-                belayer_criu::stopped_tasks(&images).unwrap_or_else(|e| {
-                    tracing::warn!(sandbox = %id, error = %e, "task states unknown: all resume");
-                    Vec::new()
-                })
-            } else {
-                Vec::new()
-            };
             let cgroup_dirs = instance
                 .cgroup()
                 .procs_files()
@@ -228,29 +219,66 @@ pub fn restore(
                 .tcp_established(true)
                 .file_locks(true)
                 .network_lock(Some(NetworkLock::Skip))
-                .leave_stopped(verify)
                 .join_cgroups(cgroup_dirs)
                 .new_cgroupns(true)
                 .time_limit(Some(super::criu_time_limit(
                     &rt.config,
                     m.criu.iter().map(|a| a.bytes).sum(),
                 )));
+            // CRIU holds the restored tree at its pre-resume stage: the pid counter is set
+            // and (with `verify`) the tree listed exactly as CRIU rebuilt it before any task
+            // runs, without a signal to any of them (see `belayer_criu::RestoreStage`).
+            let ns_last_pid = m.ns_last_pid;
+            let mut restored_list = None;
+            let mut pre_resume = |pid: i32| {
+                if let Some(last) = ns_last_pid {
+                    let t_pid = Instant::now();
+                    match super::pid_counter::write(pid, last) {
+                        Ok(()) => {
+                            tracing::debug!(sandbox = %id, last, ms = ms(t_pid), "pid counter restored")
+                        }
+                        Err(e) => {
+                            tracing::warn!(sandbox = %id, error = %e, "pid counter not restored")
+                        }
+                    }
+                }
+                if verify {
+                    restored_list = Some(super::process_list(instance.cgroup()));
+                }
+            };
+            let mut netns_lock = None;
+            let mut on_stage = |stage, pid| match stage {
+                RestoreStage::Namespaces => {
+                    netns_lock = super::netns::ready_restored(&id, pid)?;
+                    Ok(())
+                }
+                RestoreStage::PreResume => {
+                    pre_resume(pid);
+                    Ok(())
+                }
+            };
+            let hook_err = |e: belayer_criu::HookedRestoreError<_>| match e {
+                belayer_criu::HookedRestoreError::Restore(e) => RestoreError::Criu {
+                    id: id.clone(),
+                    source: Box::new(e),
+                },
+                other => RestoreError::StageHook {
+                    id: id.clone(),
+                    source: Box::new(other),
+                },
+            };
             let restored = if criu_netns {
                 // CRIU makes the network namespace with the user namespace; it is readied and
                 // locked at CRIU's post-setup-namespaces stage, before any socket exists.
                 let req = req.empty_netns(true);
                 rt.criu
-                    .restore_hooked(&req, |pid| super::netns::ready_restored(&id, pid))
-                    .map_err(|e| match e {
-                        belayer_criu::HookedRestoreError::Restore(e) => RestoreError::Criu {
-                            id: id.clone(),
-                            source: Box::new(e),
-                        },
-                        other => RestoreError::NetnsHook {
-                            id: id.clone(),
-                            source: Box::new(other),
-                        },
-                    })
+                    .restore_staged(
+                        &req,
+                        &[RestoreStage::Namespaces, RestoreStage::PreResume],
+                        &mut on_stage,
+                    )
+                    .map(|outcome| (outcome, None))
+                    .map_err(hook_err)
             } else {
                 let (netns, lock) = match netns {
                     Some(made) => made,
@@ -265,12 +293,9 @@ pub fn restore(
                     std::os::fd::AsRawFd::as_raw_fd(&netns)
                 ));
                 rt.criu
-                    .restore(&req)
+                    .restore_staged(&req, &[RestoreStage::PreResume], &mut on_stage)
                     .map(|outcome| (outcome, lock))
-                    .map_err(|source| RestoreError::Criu {
-                        id: id.clone(),
-                        source: Box::new(source),
-                    })
+                    .map_err(hook_err)
             };
             let (outcome, lock) = match restored {
                 Ok(restored) => restored,
@@ -283,7 +308,7 @@ pub fn restore(
                 }
             };
             let t_unlock = Instant::now();
-            if let Some(lock) = lock {
+            if let Some(lock) = lock.or(netns_lock) {
                 match lock.unlock() {
                     Ok(()) => {
                         tracing::debug!(sandbox = %id, ms = ms(t_unlock), "network namespace unlocked")
@@ -293,31 +318,7 @@ pub fn restore(
                     }
                 }
             }
-            // Before any action runs (and, with `verify`, before the tree resumes): the next
-            // fork gets the pid it would have got without the failure. The tree is frozen
-            // meanwhile, as pid_counter requires (at most a second: a tree that will not
-            // freeze keeps CRIU's counter rather than delaying the restore).
-            if let Some(last) = m.ns_last_pid {
-                let t_pid = Instant::now();
-                let written = instance
-                    .cgroup()
-                    .freeze(Duration::from_millis(rt.config.freeze_timeout_ms.min(1000)))
-                    .map_err(|e| e.to_string())
-                    .and_then(|_frozen| {
-                        super::pid_counter::write(outcome.pid, last).map_err(|e| e.to_string())
-                    });
-                match written {
-                    Ok(()) => {
-                        tracing::debug!(sandbox = %id, last, ms = ms(t_pid), "pid counter restored")
-                    }
-                    Err(e) => tracing::warn!(sandbox = %id, error = %e, "pid counter not restored"),
-                }
-            }
-            if verify {
-                // The tree is stopped: list it exactly as CRIU rebuilt it, then let it run.
-                restored_processes = Some(super::process_list(instance.cgroup()));
-                resume(instance.cgroup(), &stopped);
-            }
+            restored_processes = restored_list;
             instance.keep();
             let start = sys::process_start_time(outcome.pid).unwrap_or(0);
             (outcome.pid, start)
@@ -494,18 +495,6 @@ fn upper_matches(
             source,
         })?;
     Ok(digest == layer.content_digest())
-}
-
-/// Sends SIGCONT to every task of a tree CRIU left stopped (`--leave-stopped`) except those
-/// that were stopped at dump time (`stopped`: pids in the sandbox's pid namespace, from
-/// [`belayer_criu::stopped_tasks`]), which stay stopped as a plain restore leaves them.
-fn resume(cgroup: &SandboxCgroup, stopped: &[u32]) {
-    for pid in cgroup.pids().unwrap_or_default() {
-        if super::sandbox_pid(pid).is_some_and(|p| stopped.contains(&p)) {
-            continue;
-        }
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGCONT);
-    }
 }
 
 /// Kills every process of the current instance, reaps the init, unmounts its root and removes

@@ -98,7 +98,6 @@ mod error;
 mod fs;
 mod mounts;
 mod sockets;
-mod tasks;
 #[cfg(test)]
 mod testutil;
 mod tmpfs;
@@ -109,7 +108,6 @@ mod wire;
 pub use error::{ImageReadError, PathOp, UnsafeImagePath, UnsafeKind};
 pub use mounts::AllowedBind;
 pub use sockets::{tcp_connections, TcpConnection};
-pub use tasks::stopped_tasks;
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
 pub use ttys::PTY_OPEN_TRIES;
 pub use validate::{validate_restore_paths, validate_restore_paths_allowing, ImagePathReport};

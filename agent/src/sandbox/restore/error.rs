@@ -105,10 +105,11 @@ pub enum RestoreError {
         #[source]
         source: sys::SyscallError,
     },
-    /// Readying the network namespace CRIU made (at its post-setup-namespaces stage) failed,
-    /// or the stage never came; CRIU aborted the restore.
-    #[error("sandbox {id}: cannot ready the restored network namespace")]
-    NetnsHook {
+    /// A step at one of CRIU's restore stages failed, or the stage never came: readying the
+    /// network namespace CRIU made (`post-setup-namespaces`; CRIU aborted the restore), or
+    /// the hook itself.
+    #[error("sandbox {id}: a step at a stage of the CRIU restore failed")]
+    StageHook {
         /// Sandbox id.
         id: String,
         /// Cause.
