@@ -222,8 +222,8 @@ fn reflinked_extents_and_stale_qgroups() {
         v.delete().unwrap();
         match mode {
             // Charged to the volume for the extents' whole life: its qgroup outlives the drop,
-            // with those bytes, then at 0 once the sharer frees them; the kernel keeps it and
-            // so does Belayer (removing it could abort a transaction, see `stale_qgroups`).
+            // with those bytes; Belayer never removes it (that could abort a transaction, see
+            // `stale_qgroups`).
             QuotaMode::Simple => {
                 assert!(
                     wait_until(&q, |q| q.stale_qgroups().unwrap() == 1),
@@ -231,12 +231,13 @@ fn reflinked_extents_and_stale_qgroups() {
                 );
                 assert!(qgroup(&q, id).is_some_and(|g| g.exclusive >= 8 * MIB));
                 fs::remove_file(fs.path("staged")).unwrap();
+                // At 0 bytes it stays, or the kernel removes it (it sometimes does, when the
+                // free that empties it runs where its own clean-up looks).
                 assert!(
-                    wait_until(&q, |q| qgroup(q, id).is_some_and(|g| g.exclusive == 0)),
+                    wait_until(&q, |q| qgroup(q, id).is_none_or(|g| g.exclusive == 0)),
                     "the stale qgroup 0/{id} still charged: {:?}",
                     qgroup(&q, id)
                 );
-                assert_eq!(q.stale_qgroups().unwrap(), 1);
             }
             // Nothing of the shared extents is referenced from the volume once it is dropped:
             // the kernel removes the qgroup at the end of the drop.

@@ -165,8 +165,8 @@ impl QuotaFs {
     /// How many level-0 qgroups have no subvolume any more (stale qgroups), as of the last
     /// commit. The kernel (6.18) removes a deleted subvolume's qgroup itself when the cleaner
     /// ends the drop with no bytes charged to it; under simple quotas a qgroup whose extents are
-    /// still shared then (reflinked into the blob store, say) stays, and stays even at 0 bytes
-    /// once those are freed. Belayer never removes qgroups itself: on 6.18, removing the qgroup
+    /// still shared then (reflinked into the blob store, say) stays, and often stays at 0 bytes
+    /// once those are freed (the kernel removes some of those then, not all). Belayer never removes qgroups itself: on 6.18, removing the qgroup
     /// of a subvolume that still owns an extent — and usage items lag behind delayed refs, so
     /// "0 bytes" does not prove it owns none — aborts the next transaction that frees the
     /// extent and forces the whole file system read-only ("Transaction aborted (error -2)" in
