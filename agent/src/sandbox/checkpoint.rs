@@ -39,157 +39,20 @@ use std::fs;
 use std::time::Instant;
 
 use belayer_criu::{DumpRequest, GatedDumpError, NetworkLock};
-use belayer_ipc::{
-    CheckpointInfo, CheckpointRequest, CheckpointTimings, ErrorCode, FailPoint, TestFault,
-};
+use belayer_ipc::{CheckpointInfo, CheckpointRequest, CheckpointTimings, FailPoint, TestFault};
 use belayer_overlay::layer::{capture_layer_rereading, LayerCaptureOptions, LayerManifest};
 use belayer_overlay::CaptureError;
 
-use super::{RecordError, SandboxSlot, SandboxState};
-use crate::cgroup::{CgroupError, SandboxCgroup};
+use super::{SandboxSlot, SandboxState};
+use crate::cgroup::SandboxCgroup;
 use crate::runtime::Runtime;
 use crate::store::{
-    self, CheckpointStore, ContextRecord, LayerSummary, Manifest, StoreError, FORMAT_VERSION,
-    UPPER_LAYER,
+    self, CheckpointStore, ContextRecord, LayerSummary, Manifest, FORMAT_VERSION, UPPER_LAYER,
 };
 use crate::sys;
 
-/// Errors of a checkpoint. In every case the previous ready checkpoint stays in effect.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// A task of a sandbox in its own user namespace holds inheritable capabilities outside
-    /// its bounding set, which CRIU cannot restore there (see [`super::caps`]).
-    #[error("sandbox {id}: pid {pid} has inheritable capabilities {bits:#x} outside its bounding set, which criu cannot restore in a user namespace")]
-    UnrestorableCapabilities {
-        /// Sandbox id.
-        id: String,
-        /// Host pid of the task.
-        pid: i32,
-        /// The capability bits concerned.
-        bits: u64,
-    },
-    /// Test hooks are disabled in this daemon.
-    #[error("test faults are disabled (start belayerd with test hooks)")]
-    HooksDisabled,
-    /// The sandbox is not running.
-    #[error("sandbox {id} is {state}: cannot checkpoint")]
-    NotRunning {
-        /// Sandbox id.
-        id: String,
-        /// Its state.
-        state: &'static str,
-    },
-    /// Freezing or thawing failed.
-    #[error("cannot freeze sandbox {id}")]
-    Freeze {
-        /// Sandbox id.
-        id: String,
-        /// Cause.
-        #[source]
-        source: CgroupError,
-    },
-    /// Capturing the upper layer failed.
-    #[error("cannot capture the upper layer of sandbox {id}")]
-    FsCapture {
-        /// Sandbox id.
-        id: String,
-        /// Cause.
-        #[source]
-        source: belayer_overlay::CaptureError,
-    },
-    /// CRIU could not be brought to the point of seizing the tree (its dump gate in the CRIU
-    /// work dir failed, or CRIU exited or stalled before it).
-    #[error("cannot start the CRIU dump of sandbox {id} ({path})")]
-    DumpStart {
-        /// Sandbox id.
-        id: String,
-        /// The gate file involved.
-        path: std::path::PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The CRIU dump failed.
-    #[error("CRIU dump of sandbox {id} failed")]
-    Dump {
-        /// Sandbox id.
-        id: String,
-        /// Cause.
-        #[source]
-        source: Box<belayer_criu::DumpError>,
-    },
-    /// The dump refers to paths a restore would have to refuse (e.g. through a symlink the
-    /// sandbox planted out of its root): not published.
-    #[error("checkpoint of sandbox {id} could not be restored, so it is not published")]
-    Unrestorable {
-        /// Sandbox id.
-        id: String,
-        /// Why.
-        #[source]
-        source: belayer_criu::UnsafeImagePath,
-    },
-    /// A task watches a deleted inode with inotify: CRIU would restore that watch dropped
-    /// (`IN_IGNORED`, no more events), so the checkpoint is refused.
-    #[error("sandbox {id}: pid {pid} watches deleted inode {ino} through inotify fd {fd}; its watch would not survive a restore")]
-    DeletedWatch {
-        /// Sandbox id.
-        id: String,
-        /// Host pid of the task holding the inotify fd.
-        pid: i32,
-        /// The inotify fd.
-        fd: u32,
-        /// The watched inode.
-        ino: u64,
-    },
-    /// The sandbox holds a process state CRIU cannot restore
-    /// ([`super::unrestorable`]): not published.
-    #[error("sandbox {id} cannot be checkpointed")]
-    Unsupported {
-        /// Sandbox id.
-        id: String,
-        /// The state.
-        #[source]
-        state: super::unrestorable::UnsupportedState,
-    },
-    /// The images CRIU wrote could not be read for their link remaps.
-    #[error("cannot read the link remaps of the dump of sandbox {id}")]
-    RemapImages {
-        /// Sandbox id.
-        id: String,
-        /// Cause.
-        #[source]
-        source: belayer_criu::ImageReadError,
-    },
-    /// Writing an artifact failed.
-    #[error("cannot write checkpoint artifact {path}")]
-    Write {
-        /// Path.
-        path: std::path::PathBuf,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// Persisting the sandbox state failed.
-    #[error(transparent)]
-    Record(#[from] RecordError),
-    /// An injected test fault.
-    #[error("injected test fault at {0:?}")]
-    Injected(FailPoint),
-}
-
-impl CheckpointError {
-    /// Protocol error code.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            CheckpointError::HooksDisabled => ErrorCode::BadRequest,
-            CheckpointError::NotRunning { .. } => ErrorCode::InvalidState,
-            _ => ErrorCode::CheckpointFailed,
-        }
-    }
-}
+mod error;
+pub use error::CheckpointError;
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
@@ -437,32 +300,10 @@ fn take(
             dump_started: Instant::now(),
         })
     }, |frozen| frozen.link_remaps, |frozen| {
-        // Link remaps (files open under a removed name that another hard link keeps) exist
-        // from CRIU's file dump to the end of this stage: capture the upper layer again with
-        // them, so the restore finds each link where the images say (rare: the walk again).
-        let remaps = belayer_criu::link_remaps(&images_dir).map_err(|source| {
-            CheckpointError::RemapImages {
-                id: id.clone(),
-                source,
-            }
-        })?;
-        if !remaps.is_empty() {
-            let t_fs = Instant::now();
-            let pending = capture()?;
-            for r in &remaps {
-                if !pending.holds_file(r.link.trim_start_matches('/').as_bytes()) {
-                    return Err(CheckpointError::Unsupported {
-                        id: id.clone(),
-                        state: super::unrestorable::UnsupportedState::LinkRemapOutsideUpper {
-                            original: r.original.clone(),
-                            link: r.link.clone(),
-                        },
-                    });
-                }
-            }
+        let t_fs = Instant::now();
+        if let Some(pending) = super::ghosts::capture_with_link_remaps(&id, &images_dir, capture)? {
             frozen.pending = pending;
             frozen.fs_ms += ms(t_fs);
-            tracing::debug!(sandbox = %id, remaps = remaps.len(), ms = ms(t_fs), "upper layer captured again with link remaps");
         }
         check_paths()?;
         frozen.paths_checked = true;

@@ -6,6 +6,10 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
+use belayer_overlay::layer::PendingLayer;
+
+use super::checkpoint::CheckpointError;
+
 /// Allocated bytes (`st_blocks * 512`: a sparse file counts its data only, as CRIU counts
 /// it) of the distinct deleted-but-open regular files that the tasks `pids` hold open,
 /// each counted at most `limit` bytes (a larger one fails the dump anyway, see
@@ -76,6 +80,45 @@ pub(crate) fn holds_linked_deleted(pids: &[i32]) -> bool {
         };
         (deleted(&exe) && linked(&exe)) || fds() || maps()
     })
+}
+
+/// At CRIU's post-dump stage of a dump held for link remaps (see [`holds_linked_deleted`]):
+/// the links CRIU made (`link_remap.<id>`, `--link-remap`) exist from its file dump to the end
+/// of this stage, so the upper layer is captured again (`capture`) with them, and the restore
+/// finds each link where the images say. `None` when the images hold no link remap.
+///
+/// Errors: [`CheckpointError::RemapImages`] (images unreadable), those of `capture`, and
+/// [`CheckpointError::Unsupported`] with
+/// [`UnsupportedState::LinkRemapOutsideUpper`](super::unrestorable::UnsupportedState) when a
+/// link is not in the captured layer (on the sandbox's `/dev` tmpfs, say).
+pub(crate) fn capture_with_link_remaps<'s>(
+    id: &str,
+    images_dir: &std::path::Path,
+    capture: impl FnOnce() -> Result<PendingLayer<'s>, CheckpointError>,
+) -> Result<Option<PendingLayer<'s>>, CheckpointError> {
+    let remaps =
+        belayer_criu::link_remaps(images_dir).map_err(|source| CheckpointError::RemapImages {
+            id: id.to_string(),
+            source,
+        })?;
+    if remaps.is_empty() {
+        return Ok(None);
+    }
+    let pending = capture()?;
+    if let Some(r) = remaps
+        .iter()
+        .find(|r| !pending.holds_file(r.link.trim_start_matches('/').as_bytes()))
+    {
+        return Err(CheckpointError::Unsupported {
+            id: id.to_string(),
+            state: super::unrestorable::UnsupportedState::LinkRemapOutsideUpper {
+                original: r.original.clone(),
+                link: r.link.clone(),
+            },
+        });
+    }
+    tracing::debug!(sandbox = %id, remaps = remaps.len(), "upper layer captured again with link remaps");
+    Ok(Some(pending))
 }
 
 #[cfg(test)]
