@@ -399,10 +399,11 @@ finish()
 
 /// Hostile: the links CRIU makes for a link remap go where the sandbox's paths say, resolved
 /// from the host's root for absolute symbolic links. The removed name's directory is removed
-/// and replaced by a symbolic link to the host's `/etc`, and names CRIU might pick are planted
-/// as symbolic links to `/etc`: no link lands on the host (`linkat` refuses another mount
-/// with `EXDEV`, and never follows its new name), the checkpoint fails with a typed refusal
-/// naming the file, and the previous checkpoint stays ready.
+/// and replaced by a symbolic link to the host's `/etc`, and the names CRIU would pick (ids
+/// below 1024; CRIU counts the tree's files) are planted as symbolic links to `/etc`: no link
+/// lands on the host (`linkat` refuses another mount with `EXDEV`, and never follows its new
+/// name), the checkpoint fails with a typed refusal naming the file, and the previous
+/// checkpoint stays ready.
 #[test]
 fn link_remaps_through_planted_links_never_leave_the_sandbox() {
     let d = Daemon::start();
@@ -435,7 +436,7 @@ os.makedirs("/work/lp", exist_ok=True)
 fd = os.open("/work/lp/f", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 os.link("/work/lp/f", "/work/lp/keep")
 os.unlink("/work/lp/f")
-for i in range(256):
+for i in range(1024):
     os.symlink("/etc", f"/work/lp/link_remap.{i}")
 "#,
         ),
