@@ -27,7 +27,6 @@ pub struct DumpRequest {
     freeze_cgroup: Option<PathBuf>,
     tcp_established: bool,
     skip_in_flight: bool,
-    link_remap: bool,
     file_locks: bool,
     ext_mount_auto: bool,
     ghost_limit_bytes: u64,
@@ -168,7 +167,6 @@ impl DumpRequest {
             freeze_cgroup: None,
             tcp_established: false,
             skip_in_flight: false,
-            link_remap: false,
             file_locks: false,
             ext_mount_auto: true,
             ghost_limit_bytes: DEFAULT_GHOST_LIMIT_BYTES,
@@ -212,20 +210,6 @@ impl DumpRequest {
     /// is answered with RST (`ECONNRESET`), as after a network failure.
     pub fn skip_in_flight(mut self, on: bool) -> Self {
         self.skip_in_flight = on;
-        self
-    }
-
-    /// `--link-remap`: a file open under a name that was removed while another hard link keeps
-    /// it (`st_nlink` > 0) is dumped by hard-linking it as `link_remap.<id>` into the directory
-    /// of its removed name (or the nearest existing ancestor), resolved from the tree's root;
-    /// CRIU removes that link again when the dump ends. The link exists only between CRIU's
-    /// file dump and the end of its `post-dump` stage: the dumped tree's file system must be
-    /// captured there ([`Criu::dump_gated_with_post_dump`](crate::Criu::dump_gated_with_post_dump)).
-    /// The link lands on the file's own mount only (`linkat` refuses another with `EXDEV`), so
-    /// a symbolic link of the tree that leads elsewhere fails the dump instead of placing a
-    /// link there.
-    pub fn link_remap(mut self, on: bool) -> Self {
-        self.link_remap = on;
         self
     }
 
@@ -373,9 +357,6 @@ impl DumpRequest {
         if self.skip_in_flight {
             a.push("--skip-in-flight".into());
         }
-        if self.link_remap {
-            a.push("--link-remap".into());
-        }
         if self.file_locks {
             a.push("--file-locks".into());
         }
@@ -404,7 +385,7 @@ fn describe(refusal: &FileRefusal, ghost_limit: u64) -> String {
             "deleted-but-open file {path}: {bytes} bytes allocated, above the ghost limit of {ghost_limit} bytes"
         ),
         FileRefusal::LinkRemap { path } => format!(
-            "file open under its removed name {path} while another hard link keeps it: CRIU could not link it next to that name (a symbolic link leading off the sandbox, or the name taken)"
+            "file open under its removed name {path} while another hard link keeps it (no link remap is made in a sandbox)"
         ),
     }
 }

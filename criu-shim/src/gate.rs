@@ -22,8 +22,6 @@ use crate::dump::{DumpError, DumpRequest, DumpStats};
 use crate::locate::Criu;
 use crate::run;
 
-/// Longest line an action script writes (a stage name and a pid).
-pub(crate) const MAX_LINE: usize = 64;
 /// Longest wait for CRIU to reach its `pre-dump` stage.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest wait of the script for an answer: a CRIU whose caller died gives up after it.
@@ -65,18 +63,12 @@ pub(crate) fn make_fifo(path: &Path) -> io::Result<()> {
     nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(io::Error::from)
 }
 
-/// The action script: at `pre-dump`, and at `post-dump` when `hold` (a flag file) exists by
-/// then, report the stage through `ready` and wait for the answer in `go`. Both fifo
-/// operations are bounded: a CRIU whose caller died gives up by itself.
-fn gate_script(ready: &Path, go: &Path, hold: Option<&Path>) -> String {
-    let post_dump = match hold {
-        Some(flag) => format!("post-dump) [ -e {} ] || exit 0 ;;\n", quote(flag)),
-        None => String::new(),
-    };
+/// The `pre-dump` action script: report ready through `ready`, wait for the answer in `go`.
+/// Both fifo operations are bounded: a CRIU whose caller died gives up by itself.
+fn gate_script(ready: &Path, go: &Path) -> String {
     format!(
-        "#!/bin/sh\ncase \"$CRTOOLS_SCRIPT_ACTION\" in\npre-dump) ;;\n{post_dump}*) exit 0 ;;\nesac\n\
-         timeout {wait} sh -c 'echo \"$2\" > \"$1\"' gate {ready} \"$CRTOOLS_SCRIPT_ACTION\" \
-         || exit 1\n\
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
+         timeout {wait} sh -c 'echo ready > \"$1\"' gate {ready} || exit 1\n\
          answer=$(timeout {wait} cat {go}) || exit 1\n\
          [ \"$answer\" = go ]\n",
         wait = ORPHAN_TIMEOUT.as_secs(),
@@ -107,36 +99,6 @@ impl Criu {
         req: &DumpRequest,
         gate: impl FnOnce() -> Result<T, E>,
     ) -> Result<(DumpStats, T), GatedDumpError<E>> {
-        self.gated(req, gate, None)
-    }
-
-    /// [`Criu::dump_gated`], and if `hold` says so of what `gate` returned, `post_dump` runs
-    /// with it once CRIU has written every image and before it ends the dump (its `post-dump`
-    /// stage: the tree still seized, link remaps of [`DumpRequest::link_remap`] still in
-    /// place). An `Err` makes CRIU fail the dump; the tree runs on either way. A dump not held
-    /// there pays nothing for it (holding costs about 6 ms: the script waits on its fifos).
-    ///
-    /// Errors: as [`Criu::dump_gated`]; [`GatedDumpError::Gate`] also for `post_dump`'s.
-    pub fn dump_gated_with_post_dump<T, E>(
-        &self,
-        req: &DumpRequest,
-        gate: impl FnOnce() -> Result<T, E>,
-        hold: impl FnOnce(&T) -> bool,
-        post_dump: impl FnOnce(&mut T) -> Result<(), E>,
-    ) -> Result<(DumpStats, T), GatedDumpError<E>> {
-        self.gated(req, gate, Some((Box::new(hold), Box::new(post_dump))))
-    }
-
-    #[allow(clippy::type_complexity)]
-    fn gated<'f, T, E>(
-        &self,
-        req: &DumpRequest,
-        gate: impl FnOnce() -> Result<T, E>,
-        post_dump: Option<(
-            Box<dyn FnOnce(&T) -> bool + 'f>,
-            Box<dyn FnOnce(&mut T) -> Result<(), E> + 'f>,
-        )>,
-    ) -> Result<(DumpStats, T), GatedDumpError<E>> {
         req.check_images_dir()?;
         let work = req.work_dir().to_path_buf();
         std::fs::create_dir_all(&work).map_err(|source| DumpError::CreateWorkDir {
@@ -146,29 +108,15 @@ impl Criu {
         let ready_path = work.join("gate-ready");
         let go_path = work.join("gate-go");
         let script = work.join("gate.sh");
-        let hold_path = work.join("gate-hold-post-dump");
-        match std::fs::remove_file(&hold_path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(setup_err(&hold_path)(e));
-            }
-            _ => {}
-        }
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        let text = gate_script(
-            &ready_path,
-            &go_path,
-            post_dump.is_some().then_some(&*hold_path),
-        );
+        let text = gate_script(&ready_path, &go_path);
         std::fs::write(&script, text).map_err(setup_err(&script))?;
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(setup_err(&script))?;
-        // Opened before CRIU starts, so the script's write never blocks on our open; read and
-        // write, so that between the two stages `poll` waits for data instead of reporting a
-        // hang-up.
+        // Opened before CRIU starts, so the script's write never blocks on our open.
         let mut ready = OpenOptions::new()
             .read(true)
-            .write(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(&ready_path)
             .map_err(setup_err(&ready_path))?;
@@ -179,8 +127,24 @@ impl Criu {
         let setup = req.child_setup()?;
         let child = std::thread::spawn(move || run::run(&criu, &args, setup));
 
-        let line = read_line(&mut ready, &child, Some(Instant::now() + READY_TIMEOUT));
-        if line.as_deref() != Some(b"pre-dump\n".as_slice()) {
+        let started = Instant::now();
+        let mut seen_ready = false;
+        while !seen_ready {
+            if child.is_finished() || started.elapsed() > READY_TIMEOUT {
+                break;
+            }
+            let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
+            let slice = PollTimeout::try_from(SLICE).unwrap_or(PollTimeout::MAX);
+            match poll(&mut fds, slice) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {
+                    let mut buf = [0u8; 16];
+                    seen_ready = matches!(ready.read(&mut buf), Ok(n) if n > 0);
+                }
+                Err(e) => return Err(setup_err(&ready_path)(e.into())),
+            }
+        }
+        if !seen_ready {
             if !child.is_finished() {
                 // Hung before pre-dump: answer anyway so the script (if any) ends, then wait.
                 let _ = answer(&go_path, false, &child);
@@ -193,73 +157,11 @@ impl Criu {
             )));
         }
         let gated = gate();
-        let post_dump = match (&gated, post_dump) {
-            (Ok(value), Some((hold, post_dump))) => hold(value).then_some(post_dump),
-            _ => None,
-        };
-        if post_dump.is_some() {
-            if let Err(e) = std::fs::write(&hold_path, b"") {
-                let _ = answer(&go_path, false, &child);
-                let _ = join(child, self.path())?;
-                return Err(setup_err(&hold_path)(e));
-            }
-        }
         answer(&go_path, gated.is_ok(), &child).map_err(setup_err(&go_path))?;
-        let mut value = match gated {
-            Ok(value) => value,
-            Err(e) => {
-                let _ = join(child, self.path())?;
-                return Err(GatedDumpError::Gate(e));
-            }
-        };
-        if let Some(post_dump) = post_dump {
-            // No line: CRIU failed before its post-dump stage; its status says why.
-            if read_line(&mut ready, &child, None).as_deref() == Some(b"post-dump\n".as_slice()) {
-                let after = post_dump(&mut value);
-                answer(&go_path, after.is_ok(), &child).map_err(setup_err(&go_path))?;
-                if let Err(e) = after {
-                    let _ = join(child, self.path())?;
-                    return Err(GatedDumpError::Gate(e));
-                }
-            }
-        }
         let done = join(child, self.path())?;
-        Ok((req.finish(done)?, value))
-    }
-}
-
-/// One line from an action script through the fifo `ready` (up to its newline or
-/// [`MAX_LINE`] bytes); `None` once CRIU (`child`) has exited without writing one, or at
-/// `deadline`.
-pub(crate) fn read_line<T>(
-    ready: &mut File,
-    child: &std::thread::JoinHandle<T>,
-    deadline: Option<Instant>,
-) -> Option<Vec<u8>> {
-    let mut line = Vec::new();
-    loop {
-        if line.ends_with(b"\n") || line.len() >= MAX_LINE {
-            return Some(line);
-        }
-        let finished = child.is_finished();
-        if deadline.is_some_and(|d| Instant::now() > d) {
-            return None;
-        }
-        let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
-        let slice = PollTimeout::try_from(SLICE).unwrap_or(PollTimeout::MAX);
-        match poll(&mut fds, slice) {
-            Ok(0) | Err(nix::errno::Errno::EINTR) if !finished => continue,
-            Ok(n) if n > 0 => {
-                let mut buf = [0u8; MAX_LINE];
-                match ready.read(&mut buf) {
-                    Ok(n) if n > 0 => line.extend_from_slice(&buf[..n]),
-                    _ if finished => return None,
-                    _ => std::thread::sleep(SLICE),
-                }
-            }
-            // CRIU exited and nothing (more) is there.
-            _ if finished => return (!line.is_empty()).then_some(line),
-            _ => std::thread::sleep(SLICE),
+        match gated {
+            Ok(value) => Ok((req.finish(done)?, value)),
+            Err(e) => Err(GatedDumpError::Gate(e)),
         }
     }
 }
@@ -352,7 +254,7 @@ mod tests {
         make_fifo(&ready).unwrap();
         make_fifo(&go).unwrap();
         let script = dir.join("gate.sh");
-        std::fs::write(&script, gate_script(&ready, &go, None)).unwrap();
+        std::fs::write(&script, gate_script(&ready, &go)).unwrap();
         Command::new("sh")
             .arg(&script)
             .env("CRTOOLS_SCRIPT_ACTION", "pre-dump")
@@ -390,7 +292,7 @@ mod tests {
         let mut ready = std::fs::File::open(dir.path().join("gate-ready")).unwrap();
         let mut line = String::new();
         std::io::Read::read_to_string(&mut ready, &mut line).unwrap();
-        assert_eq!(line, "pre-dump\n");
+        assert_eq!(line, "ready\n");
         assert!(abort_gated_dump(dir.path()));
         assert_eq!(
             exits_within(&mut script, Duration::from_secs(5)),
@@ -409,40 +311,5 @@ mod tests {
             Some(true)
         );
         assert!(!abort_gated_dump(tempfile::tempdir().unwrap().path()));
-    }
-
-    #[test]
-    fn post_dump_is_held_only_when_asked() {
-        let dir = tempfile::tempdir().unwrap();
-        let (ready, go) = (dir.path().join("gate-ready"), dir.path().join("gate-go"));
-        let (script, flag) = (dir.path().join("gate.sh"), dir.path().join("hold"));
-        let run = |action: &str| {
-            Command::new("sh")
-                .arg(&script)
-                .env("CRTOOLS_SCRIPT_ACTION", action)
-                .status()
-                .unwrap()
-                .success()
-        };
-        std::fs::write(&script, gate_script(&ready, &go, None)).unwrap();
-        assert!(run("post-dump"), "not held: passes");
-        std::fs::write(&script, gate_script(&ready, &go, Some(&flag))).unwrap();
-        assert!(run("post-dump"), "no flag: passes");
-        assert!(run("network-unlock"));
-        make_fifo(&ready).unwrap();
-        make_fifo(&go).unwrap();
-        std::fs::write(&flag, b"").unwrap();
-        let mut held = Command::new("sh")
-            .arg(&script)
-            .env("CRTOOLS_SCRIPT_ACTION", "post-dump")
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::Read::read_to_string(&mut std::fs::File::open(&ready).unwrap(), &mut line)
-            .unwrap();
-        assert_eq!(line, "post-dump\n");
-        let criu_running = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(3)));
-        answer(&go, true, &criu_running).unwrap();
-        assert_eq!(exits_within(&mut held, Duration::from_secs(5)), Some(true));
     }
 }

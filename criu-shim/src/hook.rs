@@ -22,13 +22,19 @@
 //! CRIU's process group).
 
 use std::fs::OpenOptions;
-use std::io;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::gate::{answer, join_runner, make_fifo, quote, read_line, ORPHAN_TIMEOUT};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::gate::{answer, join_runner, make_fifo, quote, ORPHAN_TIMEOUT, SLICE};
 use crate::restore::{RestoreError, RestoreOutcome, RestoreRequest};
 use crate::{run, Criu};
+
+/// Longest line the script writes (`pre-resume ` and a pid).
+const MAX_LINE: usize = 64;
 
 /// A stage of a restore at which [`Criu::restore_staged`] calls back (in CRIU's order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -161,7 +167,7 @@ impl Criu {
 
         let mut failed = None;
         for stage in stages {
-            let Some(line) = read_line(&mut ready, &child, None) else {
+            let Some(line) = read_line(&mut ready, &child) else {
                 let done = join(child, self.path())?;
                 req.finish(done)?;
                 return Err(setup_err(&ready_path)(io::Error::new(
@@ -207,6 +213,41 @@ impl Criu {
     }
 }
 
+/// One line from the script (up to its newline or [`MAX_LINE`] bytes); `None` once CRIU has
+/// exited without writing one.
+fn read_line(
+    ready: &mut std::fs::File,
+    child: &std::thread::JoinHandle<io::Result<run::Finished>>,
+) -> Option<Vec<u8>> {
+    let mut line = Vec::new();
+    loop {
+        if child.is_finished() && line.is_empty() {
+            // A last look: the line may have come just before CRIU went on and exited.
+            let mut buf = [0u8; MAX_LINE];
+            match ready.read(&mut buf) {
+                Ok(n) if n > 0 => line.extend_from_slice(&buf[..n]),
+                _ => return None,
+            }
+        }
+        if line.ends_with(b"\n") || line.len() >= MAX_LINE {
+            return Some(line);
+        }
+        let mut fds = [PollFd::new(ready.as_fd(), PollFlags::POLLIN)];
+        let slice = PollTimeout::try_from(SLICE).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, slice) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {
+                let mut buf = [0u8; MAX_LINE];
+                match ready.read(&mut buf) {
+                    Ok(n) if n > 0 => line.extend_from_slice(&buf[..n]),
+                    _ => std::thread::sleep(SLICE),
+                }
+            }
+            Err(_) => std::thread::sleep(SLICE),
+        }
+    }
+}
+
 fn join(
     child: std::thread::JoinHandle<io::Result<run::Finished>>,
     criu: &Path,
@@ -219,7 +260,6 @@ fn join(
 
 #[cfg(test)]
 mod tests {
-    use std::io::Read;
     use std::process::Command;
 
     use super::*;

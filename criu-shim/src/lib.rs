@@ -59,12 +59,10 @@
 //!   empty whatever CRIU's is: such a task cannot be restored there.
 //! - `--display-stats`: CRIU's own frozen time and page counts, reported in [`DumpStats`].
 //! - `--tcp-established`, `--file-locks`, `--network-lock`: off / CRIU's default unless asked for.
-//! - `--link-remap` (dump) only when asked ([`DumpRequest::link_remap`]): CRIU hard-links a
-//!   deleted-but-linked file at a name it builds from the file's path, resolved from the
-//!   tree's root with absolute symbolic links of the sandbox resolved from the host root;
-//!   `linkat` only links within the file's own mount (`EXDEV` otherwise), so the link can only
-//!   land in the dumped tree's file system. Without it such a dump fails with
-//!   [`DumpError::File`] ([`FileRefusal::LinkRemap`]).
+//! - never `--link-remap` (dump): with it, CRIU would hard-link a deleted-but-linked file at a
+//!   name it builds from the file's path, resolved from the tree's root but with absolute
+//!   symbolic links of the sandbox resolved from the host root; without it such a dump fails
+//!   with [`DumpError::File`] ([`FileRefusal::LinkRemap`]).
 //!
 //! # Restoring hostile images
 //! Part of a restore runs as host root from the host's root directory with paths from the
@@ -122,9 +120,9 @@ pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUM
 pub use gate::{abort_gated_dump, GatedDumpError};
 pub use hook::{HookedRestoreError, RestoreStage};
 pub use images::{
-    link_remaps, tcp_connections, validate_restore_paths, validate_restore_paths_allowing,
-    AllowedBind, ImagePathReport, ImageReadError, LinkRemap, PathOp, TcpConnection,
-    UnsafeImagePath, UnsafeKind, ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
+    tcp_connections, validate_restore_paths, validate_restore_paths_allowing, AllowedBind,
+    ImagePathReport, ImageReadError, PathOp, TcpConnection, UnsafeImagePath, UnsafeKind,
+    ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
 };
 pub use kdat::{KdatCache, KdatError, KdatMode};
 pub use locate::{CheckError, Criu, LocateError, CRIU_ENV, DEFAULT_CRIU_PATH, MIN_MAJOR_VERSION};

@@ -7,12 +7,7 @@
 //! 2. capture the overlay upper layer F_k incrementally: walk it, take unchanged entries over
 //!    from the previous capture of this instance, read changed files (see
 //!    [`belayer_overlay::layer`]);
-//! 3. CRIU-dump the process tree R_k into `criu/`, leaving it running. CRIU stops once more
-//!    at its `post-dump` stage ([`belayer_criu::Criu::dump_gated_with_post_dump`]): if it
-//!    hard-linked files open under a removed name (`link_remap.<id>`, `--link-remap`), the
-//!    upper layer is captured again with those links, which CRIU removes when it ends; and the
-//!    paths the restore of R_k would touch are checked against the tree (a checkpoint whose
-//!    restore would be refused is not published);
+//! 3. CRIU-dump the process tree R_k into `criu/`, leaving it running;
 //! 4. thaw (a guard thaws on every path, errors included);
 //! 5. seal F_k (hash staged files, move new blobs into the node's blob store, fsync'd) and
 //!    write its layer manifest `upper.layer`; store L_k, digest every artifact, write
@@ -197,7 +192,6 @@ fn take(
         .freeze_cgroup(cgroup.freezer_dir())
         .tcp_established(true)
         .skip_in_flight(true)
-        .link_remap(true)
         .file_locks(true)
         .ghost_limit_bytes(ghost_limit)
         .network_lock(Some(NetworkLock::Skip))
@@ -210,29 +204,7 @@ fn take(
     // Frozen window: F_k and R_k at the same action boundary. CRIU starts first and calls
     // back when it is ready to seize the tree; the freeze and the upper-layer capture happen
     // then, so CRIU's start-up stays out of the window.
-    let upper = slot.paths.upper(rec.instance);
-    let capture = || {
-        capture_layer_rereading(
-            &upper,
-            base.as_deref(),
-            &rt.blobs,
-            &LayerCaptureOptions::default(),
-            &super::shared_writable_inodes(&cgroup),
-        )
-        .map_err(fs_err)
-    };
-    // While the tree is still what was dumped (and link remaps, if any, still in place): a
-    // checkpoint whose restore would be refused (a path of R_k through a symlink out of the
-    // sandbox) is not published, so the previous good one stays ready (about a millisecond).
-    let check_paths = || {
-        super::restore::check_image_paths(&images_dir, &slot.paths.merged(rec.instance))
-            .map(|_| ())
-            .map_err(|source| CheckpointError::Unrestorable {
-                id: id.clone(),
-                source,
-            })
-    };
-    let gated = rt.criu.dump_gated_with_post_dump(&dump, || {
+    let gated = rt.criu.dump_gated(&dump, || {
         let t_freeze = Instant::now();
         let freeze = || {
             cgroup
@@ -271,7 +243,6 @@ fn take(
         )?;
         tracing::debug!(sandbox = %id, ?ns_last_pid, processes = pids.len(), ms = ms(t_states), "pid counter read, states checked");
         let processes = super::process_list(&cgroup);
-        let link_remaps = super::ghosts::holds_linked_deleted(&pids);
         if rec.userns.is_some() {
             if let Some((pid, caps)) =
                 super::caps::first_unrestorable(&cgroup.pids().unwrap_or_default())
@@ -284,7 +255,14 @@ fn take(
             }
         }
         let t_fs = Instant::now();
-        let pending = capture()?;
+        let pending = capture_layer_rereading(
+            &slot.paths.upper(rec.instance),
+            base.as_deref(),
+            &rt.blobs,
+            &LayerCaptureOptions::default(),
+            &super::shared_writable_inodes(&cgroup),
+        )
+        .map_err(fs_err)?;
         let fs_ms = ms(t_fs);
         fault(req.fault, FailPoint::AfterFsCapture)?;
         Ok(Frozen {
@@ -295,19 +273,8 @@ fn take(
             processes,
             pending,
             ns_last_pid,
-            link_remaps,
-            paths_checked: false,
             dump_started: Instant::now(),
         })
-    }, |frozen| frozen.link_remaps, |frozen| {
-        let t_fs = Instant::now();
-        if let Some(pending) = super::ghosts::capture_with_link_remaps(&id, &images_dir, capture)? {
-            frozen.pending = pending;
-            frozen.fs_ms += ms(t_fs);
-        }
-        check_paths()?;
-        frozen.paths_checked = true;
-        Ok(())
     });
     let frozen = match gated {
         Ok((_, frozen)) => frozen,
@@ -335,14 +302,17 @@ fn take(
     t.fs_capture = frozen.fs_ms;
     t.criu_dump = ms(frozen.dump_started);
     let (processes, pending, ns_last_pid) = (frozen.processes, frozen.pending, frozen.ns_last_pid);
-    let restorable = if frozen.paths_checked {
-        Ok(())
-    } else {
-        check_paths()
-    };
+    // While the tree is still what was dumped: a checkpoint whose restore would be refused
+    // (a path of R_k through a symlink out of the sandbox) is not published, so the previous
+    // good one stays ready (about a millisecond).
+    let restorable =
+        super::restore::check_image_paths(&images_dir, &slot.paths.merged(rec.instance));
     drop(frozen.guard);
     t.frozen_total = ms(frozen.since);
-    restorable?;
+    restorable.map_err(|source| CheckpointError::Unrestorable {
+        id: id.clone(),
+        source,
+    })?;
     if rec.userns.is_some() && !own_netns {
         super::unrestorable::check_tcp_images(&images_dir).map_err(|state| {
             CheckpointError::Unsupported {
@@ -464,11 +434,6 @@ struct Frozen<'c, 's> {
     processes: Vec<String>,
     pending: belayer_overlay::layer::PendingLayer<'s>,
     ns_last_pid: Option<i32>,
-    /// A task holds a file under a removed name that another hard link keeps: CRIU link-remaps
-    /// it, and the dump is held at its post-dump stage to capture the link.
-    link_remaps: bool,
-    /// The image paths were checked at the post-dump stage.
-    paths_checked: bool,
     dump_started: Instant,
 }
 

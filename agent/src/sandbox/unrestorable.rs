@@ -47,19 +47,6 @@ pub enum UnsupportedState {
         /// Its personality.
         value: u32,
     },
-    /// A file open under a removed name (another hard link keeps it) lives outside the root
-    /// file system's upper layer (on the sandbox's `/dev` tmpfs, say): CRIU's link to it is
-    /// not part of what the checkpoint captures.
-    #[error(
-        "a file open under the removed name {original} is linked at {link}, outside the \
-         captured upper layer: its restore would find no link"
-    )]
-    LinkRemapOutsideUpper {
-        /// The removed name, in the sandbox's mount namespace.
-        original: String,
-        /// Where CRIU linked it.
-        link: String,
-    },
     /// A process holds a POSIX message queue.
     #[error("process {pid} holds a POSIX message queue (fd {fd}): CRIU cannot dump mqueue files")]
     PosixMqueue {

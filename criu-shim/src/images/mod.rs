@@ -38,14 +38,10 @@
 //! - **Ghost removal** (`depopulate_roots_yard` → `try_clean_remaps` → `clean_one_remap`, also
 //!   on failure): `unlink`/`rmdir` of the same path. Host; follows parents. *Covered* by the
 //!   creation check.
-//! - **Link remap** (`create_link_remap` at dump with `--link-remap`; `open_remap_linked`,
-//!   `rfi_remap`, `clean_one_remap` at restore): `linkat` at dump from the file to a name
-//!   resolved from the tree's root fd (absolute links of the sandbox resolve from the host
-//!   root, but `linkat` refuses any mount but the file's own with `EXDEV`, and `..` stops at
-//!   the tree's root mount); at restore `fstatat` (host) and `link` to the removed name (task),
-//!   and at the end `unlink` of the link through the mount's service path (host; follows
-//!   parents). *Covered*: the link must be a file whose every parent is a directory, no link
-//!   on the way; the removed name is checked as a reopened file.
+//! - **Link remap** (`create_link_remap` at dump with `--link-remap`; `rfi_remap`,
+//!   `clean_one_remap` at restore): `linkat` at dump from the tree's root fd (absolute links of
+//!   the sandbox resolve from the host root), `link`/`unlink` at restore. *Covered*:
+//!   `--link-remap` is never passed; an image holding one is refused.
 //! - **Reopen by path** of every regular file, directory, fifo, cwd, root, executable and file
 //!   mapping (`open_path`, `do_open_reg`, `fifo.c`, `restore_fs`): `openat(<ns root>, path)`.
 //!   Task; follows all but an `O_NOFOLLOW` leaf. *Covered*: no link and no procfs magic link on
@@ -87,10 +83,8 @@
 //!
 //! At dump time CRIU writes by path only link remaps (`create_link_remap`: `linkat` to a path
 //! resolved from the tree's `/proc/<pid>/root`, where an absolute link in the sandbox resolves
-//! from the host root), and only with `--link-remap`
-//! ([`DumpRequest::link_remap`](crate::DumpRequest::link_remap)): `linkat` makes a hard link
-//! of the open file, and only on the file's own mount (`EXDEV` otherwise), a mount of the
-//! dumped tree; CRIU removes it when the dump ends. Its other path
+//! from the host root), and only with `--link-remap`, which [`DumpRequest`](crate::DumpRequest)
+//! never passes: such a dump fails instead ("Can't create link remap"). Its other path
 //! operations at dump (`fstatat` of file names, `tar --create` of a tmpfs through an fd,
 //! socket names through `SIOCUNIXFILE`) only read.
 //!
@@ -103,7 +97,6 @@ mod entries;
 mod error;
 mod fs;
 mod mounts;
-mod remaps;
 mod sockets;
 #[cfg(test)]
 mod testutil;
@@ -114,7 +107,6 @@ mod wire;
 
 pub use error::{ImageReadError, PathOp, UnsafeImagePath, UnsafeKind};
 pub use mounts::AllowedBind;
-pub use remaps::{link_remaps, LinkRemap};
 pub use sockets::{tcp_connections, TcpConnection};
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
 pub use ttys::PTY_OPEN_TRIES;

@@ -67,7 +67,8 @@ const TCP_ESTABLISHED: u32 = 1;
 ///   from the mount's root to the parent must be a directory, never a symbolic link, and the
 ///   name must not exist (a ghost directory may reuse a directory); missing parents are fine
 ///   (CRIU uses the deepest existing one, or creates them for a directory). Ghost devices must
-///   be allowed character devices; a link remap's link must be a file reached without links;
+///   be allowed character devices; link remaps are refused (Belayer never dumps with
+///   `--link-remap`);
 /// - **files** reopened by path: relative to the namespace root, no `..`/NUL, no symbolic link
 ///   or procfs magic link on the way, no symbolic link as the leaf unless opened `O_NOFOLLOW`;
 /// - **unix sockets** bound by path (CRIU binds and unlinks inside `chroot(<restored root>)`):
@@ -248,19 +249,6 @@ impl Check<'_> {
                     UnsafeKind::UnknownFile { id: r.orig_id },
                 ));
             };
-            if r.kind == RemapKind::Linked {
-                let Some(link) = by_id.get(&r.remap_id).copied() else {
-                    return Err(refuse(
-                        IMAGE,
-                        op,
-                        &reg.name,
-                        UnsafeKind::UnknownFile { id: r.remap_id },
-                    ));
-                };
-                self.linked(link)
-                    .map_err(|e| walk_error(IMAGE, op, &link.name, e))?;
-                continue;
-            }
             if op != PathOp::CreateGhost {
                 return Err(refuse(
                     IMAGE,
@@ -280,21 +268,6 @@ impl Check<'_> {
             self.report.ghosts.push(at);
         }
         Ok(())
-    }
-
-    /// A link remap: CRIU `fstatat`s the link, links it to the file's removed name and opens
-    /// that (task context, parents of the name made as for a ghost), and at the end unlinks
-    /// the link from the host through the mount's service path, following its parents. So
-    /// every parent must be a directory and no link, and the link itself a file (it was
-    /// captured with the upper layer).
-    fn linked(&mut self, link: &RegFile) -> Result<(), WalkError> {
-        let comps = reg_path(&link.name)?;
-        let walk = self.world.walk_ns(&comps, false)?;
-        match walk.leaf {
-            Entry::Other => Ok(()),
-            Entry::Missing => Err(missing_or_leaf(&walk, &comps)),
-            ref e => Err(leaf_error(e, &show(&comps))),
-        }
     }
 
     fn read_ghost(&self, name: &str) -> Result<Ghost, UnsafeImagePath> {

@@ -627,18 +627,6 @@ fn hash_file(path: &Path) -> std::io::Result<BlobId> {
 }
 
 impl PendingLayer<'_> {
-    /// Whether the capture holds a regular file, or a hard link to one, at `path` (relative
-    /// to the upper directory, components joined by `/`).
-    pub fn holds_file(&self, path: &[u8]) -> bool {
-        self.manifest.entries.iter().any(|e| {
-            e.path == path
-                && matches!(
-                    e.kind,
-                    EntryKind::Regular { .. } | EntryKind::Hardlink { .. }
-                )
-        })
-    }
-
     /// What the frozen part did (new-blob counts are filled in by [`seal`](Self::seal)).
     pub fn stats(&self) -> &LayerStats {
         &self.stats

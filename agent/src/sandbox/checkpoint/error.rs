@@ -103,15 +103,6 @@ pub enum CheckpointError {
         #[source]
         state: crate::sandbox::unrestorable::UnsupportedState,
     },
-    /// The images CRIU wrote could not be read for their link remaps.
-    #[error("cannot read the link remaps of the dump of sandbox {id}")]
-    RemapImages {
-        /// Sandbox id.
-        id: String,
-        /// Cause.
-        #[source]
-        source: belayer_criu::ImageReadError,
-    },
     /// Writing an artifact failed.
     #[error("cannot write checkpoint artifact {path}")]
     Write {
