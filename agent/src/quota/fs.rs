@@ -259,13 +259,16 @@ pub(super) fn qgroups(
             max_referenced: None,
         })
         .collect();
+    // By id, not by a scan per limit item: stale qgroups keep theirs, and there may be many.
+    let at: std::collections::HashMap<u64, usize> =
+        out.iter().enumerate().map(|(i, g)| (g.id, i)).collect();
     for l in limits
         .iter()
         .filter(|i| i.kind == sys::QGROUP_LIMIT_KEY && (lo..=hi).contains(&i.offset))
     {
-        if let Some(g) = out.iter_mut().find(|g| g.id == l.offset) {
+        if let Some(&i) = at.get(&l.offset) {
             if le_u64(&l.data, 0) & LIMIT_MAX_RFER != 0 {
-                g.max_referenced = Some(le_u64(&l.data, 8));
+                out[i].max_referenced = Some(le_u64(&l.data, 8));
             }
         }
     }
