@@ -121,7 +121,7 @@ pub use gate::{abort_gated_dump, GatedDumpError};
 pub use hook::{HookedRestoreError, RestoreStage};
 pub use images::{
     tcp_connections, validate_restore_paths, validate_restore_paths_allowing, AllowedBind,
-    ImagePathReport, ImageReadError, PathOp, TcpConnection, UnsafeImagePath, UnsafeKind,
+    ImagePathReport, PathOp, SocketImageError, TcpConnection, UnsafeImagePath, UnsafeKind,
     ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
 };
 pub use kdat::{KdatCache, KdatError, KdatMode};

@@ -230,32 +230,30 @@ pub fn restore(
             // runs, without a signal to any of them (see `belayer_criu::RestoreStage`).
             let ns_last_pid = m.ns_last_pid;
             let mut restored_list = None;
-            let mut pre_resume = |pid: i32| {
-                if let Some(last) = ns_last_pid {
-                    let t_pid = Instant::now();
-                    match super::pid_counter::write(pid, last) {
-                        Ok(()) => {
-                            tracing::debug!(sandbox = %id, last, ms = ms(t_pid), "pid counter restored")
+            let mut netns_lock = None;
+            let mut on_stage = |stage, pid| {
+                match stage {
+                    RestoreStage::Namespaces => {
+                        netns_lock = super::netns::ready_restored(&id, pid)?;
+                    }
+                    RestoreStage::PreResume => {
+                        if let Some(last) = ns_last_pid {
+                            let t_pid = Instant::now();
+                            match super::pid_counter::write(pid, last) {
+                                Ok(()) => {
+                                    tracing::debug!(sandbox = %id, last, ms = ms(t_pid), "pid counter restored")
+                                }
+                                Err(e) => {
+                                    tracing::warn!(sandbox = %id, error = %e, "pid counter not restored")
+                                }
+                            }
                         }
-                        Err(e) => {
-                            tracing::warn!(sandbox = %id, error = %e, "pid counter not restored")
+                        if verify {
+                            restored_list = Some(super::process_list(instance.cgroup()));
                         }
                     }
                 }
-                if verify {
-                    restored_list = Some(super::process_list(instance.cgroup()));
-                }
-            };
-            let mut netns_lock = None;
-            let mut on_stage = |stage, pid| match stage {
-                RestoreStage::Namespaces => {
-                    netns_lock = super::netns::ready_restored(&id, pid)?;
-                    Ok(())
-                }
-                RestoreStage::PreResume => {
-                    pre_resume(pid);
-                    Ok(())
-                }
+                Ok(())
             };
             let hook_err = |e: belayer_criu::HookedRestoreError<_>| match e {
                 belayer_criu::HookedRestoreError::Restore(e) => RestoreError::Criu {

@@ -3,9 +3,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::{Path, PathBuf};
-
-use super::wire::{Image, ImageError, WireError};
+use std::path::PathBuf;
 
 use crate::SyscallError;
 
@@ -266,38 +264,5 @@ impl UnsafeImagePath {
             self,
             UnsafeImagePath::Unsafe { .. } | UnsafeImagePath::DecodeImage { .. }
         )
-    }
-}
-
-/// An image a caller reads for what it says (sockets, task states) could not be read or decoded.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot read {}: {what}", path.display())]
-pub struct ImageReadError {
-    /// The image file.
-    pub path: PathBuf,
-    /// What went wrong (an I/O error, or the malformed field and its offset).
-    pub what: String,
-}
-
-impl ImageReadError {
-    pub(crate) fn wire(path: &Path, w: WireError) -> Self {
-        ImageReadError {
-            path: path.to_path_buf(),
-            what: format!("{} at byte {}", w.what, w.offset),
-        }
-    }
-}
-
-/// Reads the image `path` of type `magic` (after the common magic), `None` when it does not
-/// exist.
-pub(crate) fn read_optional(path: &Path, magic: u32) -> Result<Option<Image>, ImageReadError> {
-    match Image::read(path, magic, true) {
-        Ok(img) => Ok(Some(img)),
-        Err(ImageError::Io(e)) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(ImageError::Io(e)) => Err(ImageReadError {
-            path: path.to_path_buf(),
-            what: e.to_string(),
-        }),
-        Err(ImageError::Wire(w)) => Err(ImageReadError::wire(path, w)),
     }
 }

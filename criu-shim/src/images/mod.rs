@@ -105,9 +105,9 @@ mod ttys;
 mod validate;
 mod wire;
 
-pub use error::{ImageReadError, PathOp, UnsafeImagePath, UnsafeKind};
+pub use error::{PathOp, UnsafeImagePath, UnsafeKind};
 pub use mounts::AllowedBind;
-pub use sockets::{tcp_connections, TcpConnection};
+pub use sockets::{tcp_connections, SocketImageError, TcpConnection};
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
 pub use ttys::PTY_OPEN_TRIES;
 pub use validate::{validate_restore_paths, validate_restore_paths_allowing, ImagePathReport};

@@ -6,11 +6,10 @@
 //! kernel's TCP state: 1 `ESTABLISHED` ... 7 `CLOSE`, 10 `LISTEN`), 7 `src_port`, 8
 //! `dst_port`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::entries::FILES_MAGIC;
-use super::error::{read_optional, ImageReadError};
-use super::wire::Fields;
+use super::wire::{Fields, Image, ImageError};
 
 const FD_TYPE_INETSK: u32 = 4;
 const IPPROTO_TCP: u32 = 6;
@@ -33,16 +32,36 @@ pub struct TcpConnection {
     pub dst_port: u32,
 }
 
+/// `files.img` could not be read or decoded.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the sockets of {}: {what}", path.display())]
+pub struct SocketImageError {
+    /// The image file.
+    pub path: PathBuf,
+    /// What went wrong (an I/O error, or the malformed field and its offset).
+    pub what: String,
+}
+
 /// The TCP connections in the images in `images_dir` (its `files.img`; none when the dump
 /// holds no files image). Reads at most the size the path check reads.
-pub fn tcp_connections(images_dir: &Path) -> Result<Vec<TcpConnection>, ImageReadError> {
+pub fn tcp_connections(images_dir: &Path) -> Result<Vec<TcpConnection>, SocketImageError> {
     let path = images_dir.join("files.img");
-    let Some(image) = read_optional(&path, FILES_MAGIC)? else {
+    if !path.exists() {
         return Ok(Vec::new());
+    }
+    let fail = |what: String| SocketImageError {
+        path: path.clone(),
+        what,
     };
+    let image = Image::read(&path, FILES_MAGIC, true).map_err(|e| match e {
+        ImageError::Io(e) => fail(e.to_string()),
+        ImageError::Wire(w) => fail(format!("{} at byte {}", w.what, w.offset)),
+    })?;
     let mut out = Vec::new();
     for (base, msg) in image.entries() {
-        if let Some(c) = entry(msg, base).map_err(|w| ImageReadError::wire(&path, w))? {
+        if let Some(c) =
+            entry(msg, base).map_err(|w| fail(format!("{} at byte {}", w.what, w.offset)))?
+        {
             out.push(c);
         }
     }
