@@ -16,7 +16,7 @@
 #   3. runs scripts/zdtm.py, which starts its own belayerd and runs the tests.
 #
 # Usage: scripts/zdtm.sh [--zdtm-dir DIR] [--build-dir DIR] [--image-dir DIR] [--no-build]
-#                        [zdtm.py options: --only A,B --pattern RE --jobs N --json FILE
+#                        [zdtm.py options: --only A,B --pattern RE --jobs N --json FILE --control
 #                         --timeout S --belayerd PATH ...]
 # Environment: BELAYER_CRIU (default /usr/local/sbin/criu), BELAYER_CRIU_SRC,
 #              BELAYER_PYTHON_ROOTFS (default /var/cache/belayer/images/bookworm-python/rootfs),

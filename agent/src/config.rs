@@ -89,6 +89,12 @@ pub struct Config {
     /// ready. Ghost bytes are reserved in the dump stage with the sandbox's memory, so with
     /// a stage this must not exceed `dump_stage_bytes`. Default 256 MiB.
     pub criu_ghost_limit_bytes: u64,
+    /// Take a read-only btrfs snapshot of the instance volume with every checkpoint (in the
+    /// frozen window, after the capture), which a restore on this node installs instead of
+    /// materializing F_k: files the sandbox wrote keep their inode numbers and times
+    /// (`RestoreInfo::inodes_kept`). Needs quotas on the state dir (instances are volumes
+    /// then). `false`: restores materialize F_k into new inodes. Default `true`.
+    pub upper_snapshots: bool,
     /// `memory.max` of sandboxes whose spec sets none, bytes; 0 = unlimited. Output an
     /// action leaves to background writers is charged to the sandbox too.
     pub default_memory_max_bytes: u64,
@@ -168,6 +174,7 @@ impl Default for Config {
             blob_zstd_level: None,
             dump_stage_bytes: 8 << 30,
             criu_ghost_limit_bytes: belayer_criu::DEFAULT_GHOST_LIMIT_BYTES,
+            upper_snapshots: true,
             default_memory_max_bytes: 8 << 30,
             default_cpus: 4.0,
             max_sandboxes_per_uid: 256,

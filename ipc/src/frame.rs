@@ -30,7 +30,7 @@ use crate::message::{Envelope, Event, Request, Response};
 pub const MAGIC: [u8; 4] = *b"BLYR";
 
 /// The protocol version this crate speaks; frames carrying any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 16;
@@ -532,6 +532,7 @@ mod tests {
             timings_ms: CheckpointTimings {
                 freeze: 1.5,
                 fs_capture: 2.5,
+                upper_snapshot: 3.5,
                 criu_dump: 30.0,
                 publish: 0.25,
                 frozen_total: 34.0,
@@ -731,6 +732,7 @@ mod tests {
                     expected_processes: vec!["1 sh".to_owned()],
                     restored_processes: vec!["1 sh".to_owned()],
                 }),
+                inodes_kept: true,
             }),
             Response::Gc {
                 removed: 2,
@@ -838,7 +840,7 @@ mod tests {
         };
         let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
         let payload = &bytes[HEADER_LEN..];
-        assert_eq!(&bytes[4..6], &[4, 0]);
+        assert_eq!(&bytes[4..6], &[5, 0]);
         assert_eq!(bytes[6], 1);
         assert_eq!(bytes[7], 0);
         assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());

@@ -398,6 +398,10 @@ pub struct CheckpointTimings {
     pub freeze: f64,
     /// Capturing the upper layer (F_k).
     pub fs_capture: f64,
+    /// Taking the upper layer's snapshot, in the frozen window after the capture (0 without
+    /// one).
+    #[serde(default)]
+    pub upper_snapshot: f64,
     /// CRIU dump of the process tree (R_k).
     pub criu_dump: f64,
     /// fsync, rename, pointer update.
@@ -462,6 +466,11 @@ pub struct RestoreInfo {
     pub timings_ms: RestoreTimings,
     /// Result of the validity check, when the request asked for it and a checkpoint was used.
     pub validity: Option<RestoreValidity>,
+    /// The upper layer came back from the checkpoint's snapshot: every file the sandbox wrote
+    /// keeps its inode number, mtime and ctime (only `st_dev`, the new overlay's, differs).
+    /// `false`: F_k was materialized from its manifest into new inodes, or there was no
+    /// checkpoint.
+    pub inodes_kept: bool,
 }
 
 /// Whether a restored sandbox matches what was recorded at checkpoint time.

@@ -97,6 +97,7 @@ class RestoreInfo(Structure):
         ("verified", c_bool),
         ("fs_matches", c_bool),
         ("processes_match", c_bool),
+        ("inodes_kept", c_bool),
     ]
 
 

@@ -122,7 +122,8 @@ class CheckpointInfo:
 @dataclass(frozen=True)
 class RestoreInfo:
     """Result of a restore: prefix k (``None``: restarted from the base image) and the LLM
-    context L_k recorded with the checkpoint."""
+    context L_k recorded with the checkpoint. ``inodes_kept``: the upper layer came back from
+    the checkpoint's snapshot, so files the sandbox wrote kept their inode numbers and times."""
 
     prefix: Optional[int]
     context: bytes
@@ -131,6 +132,7 @@ class RestoreInfo:
     verified: bool
     fs_matches: bool
     processes_match: bool
+    inodes_kept: bool = False
 
 
 @dataclass(frozen=True)
@@ -415,6 +417,7 @@ class Client(_Handle):
                 verified=bool(info.verified),
                 fs_matches=bool(info.fs_matches),
                 processes_match=bool(info.processes_match),
+                inodes_kept=bool(info.inodes_kept),
             )
         finally:
             self._lib.belayer_restore_info_free(byref(info))

@@ -411,11 +411,12 @@ finish()
     assert_eq!(d.sh(&id, "cat /work/marker").trim(), "one");
 }
 
-/// State: file identity. `st_ino` of a file the sandbox wrote, of an image file, of a
-/// directory, and `st_dev` of the root, before and after the restore, as
-/// `docs/process-states.md` "File identity" states: image files keep `st_ino`; files of the
-/// upper layer and `st_dev` do not (a fresh overlay mount and fresh upper inodes); within one
-/// restored instance, names of one inode still agree (hard links stay one inode).
+/// State: file identity. `st_ino`, mtime and ctime of a file the sandbox wrote, of a
+/// directory it made, of image files and of the root, and `st_dev`, before and after the
+/// restore, as `docs/process-states.md` "File identity" states: with the checkpoint's upper
+/// snapshot (the default on a btrfs state dir) every file keeps its inode number and times;
+/// `st_dev` is the fresh overlay mount's; within the restored instance, names of one inode
+/// agree (hard links stay one inode, a held fd is the file at its path).
 #[test]
 fn file_identity_is_as_documented() {
     let d = Daemon::start();
@@ -432,13 +433,14 @@ os.link("/work/id/a", "/work/id/a2")
 paths = ["/work/id/a", "/work/id", "/usr/bin/python3", "/etc/passwd", "/"]
 before = {p: os.stat(p) for p in paths}
 held = open("/work/id/a")
-held_st = os.fstat(held.fileno())
 ready()
 wait_term()
 after = {p: os.stat(p) for p in paths}
 lines = []
 for p in paths:
-    lines.append(f"{p} ino {before[p].st_ino}->{after[p].st_ino} dev {before[p].st_dev}->{after[p].st_dev}")
+    b, a = before[p], after[p]
+    lines.append(f"{p} ino {b.st_ino} {a.st_ino} dev {b.st_dev} {a.st_dev} "
+                 f"mtime {b.st_mtime_ns} {a.st_mtime_ns} ctime {b.st_ctime_ns} {a.st_ctime_ns}")
 _put(f"{DIR}/{NAME}.ids", "\n".join(lines) + "\n")
 # Image files keep their inode numbers (same lower layer, xino).
 check(after["/usr/bin/python3"].st_ino == before["/usr/bin/python3"].st_ino, "image file ino changed")
@@ -451,10 +453,82 @@ check(len({s.st_dev for s in after.values()}) == 1, f"several st_dev after: {lin
 finish()
 "#,
     );
-    p.checkpoint_kill_restore();
+    let r = p.checkpoint_kill_restore();
     p.assert_pass();
     let ids = d.sh(&id, "cat /probes/identity.ids");
     eprintln!("{ids}");
+    assert!(
+        r.inodes_kept,
+        "the restore did not use the upper snapshot: {r:?}"
+    );
+    for line in ids.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (path, ino, dev, mtime, ctime) = (
+            f[0],
+            (f[2], f[3]),
+            (f[5], f[6]),
+            (f[8], f[9]),
+            (f[11], f[12]),
+        );
+        assert_eq!(ino.0, ino.1, "{path}: st_ino changed: {line}");
+        assert_ne!(
+            dev.0, dev.1,
+            "{path}: st_dev kept (a new overlay has a new one): {line}"
+        );
+        if path.starts_with("/work/id/") {
+            assert_eq!(mtime.0, mtime.1, "{path}: mtime changed: {line}");
+            assert_eq!(ctime.0, ctime.1, "{path}: ctime changed: {line}");
+        }
+    }
+}
+
+/// State: file identity across repeated restores of one checkpoint (a rollback taken twice,
+/// the agent's writes in between): each restore brings back the checkpoint's files with the
+/// checkpoint's inode numbers and content, whatever the instance it replaced wrote, so the
+/// upper snapshot stays what was captured. A checkpoint taken after a restore captures
+/// incrementally and restores with its own inodes.
+#[test]
+fn repeated_restores_of_one_checkpoint_give_its_inodes_and_content() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    d.sh(
+        &id,
+        "mkdir -p /work && echo one > /work/f && echo keep > /work/g",
+    );
+    let ino = |d: &Daemon| d.sh(&id, "stat -c %i /work/f /work/g").trim().to_string();
+    let at_k1 = ino(&d);
+    d.checkpoint(&id, 1, b"one");
+    for round in 0..2 {
+        d.sh(
+            &id,
+            "echo changed > /work/f; rm /work/g; echo new > /work/h",
+        );
+        d.fail_stop(&id);
+        let r = d.restore(&id);
+        assert_eq!(r.prefix, Some(1));
+        assert!(r.inodes_kept, "round {round}: {r:?}");
+        assert_eq!(ino(&d), at_k1, "round {round}");
+        assert_eq!(
+            d.sh(&id, "cat /work/f /work/g; ls /work").trim(),
+            "one\nkeep\nf\ng",
+            "round {round}"
+        );
+    }
+    d.sh(&id, "echo two > /work/f2");
+    let at_k2 = d
+        .sh(&id, "stat -c %i /work/f /work/g /work/f2")
+        .trim()
+        .to_string();
+    d.checkpoint(&id, 2, b"two");
+    d.sh(&id, "rm -f /work/*");
+    d.fail_stop(&id);
+    let r = d.restore(&id);
+    assert_eq!((r.prefix, r.inodes_kept), (Some(2), true), "{r:?}");
+    assert_eq!(
+        d.sh(&id, "stat -c %i /work/f /work/g /work/f2").trim(),
+        at_k2
+    );
+    assert_eq!(d.sh(&id, "cat /work/f2").trim(), "two");
 }
 
 /// State: an inotify watch on a file unlinked while it stays open (the watch pins the

@@ -69,14 +69,20 @@ pub struct WorkloadResult {
     pub freeze_ms: f64,
     /// Median upper-layer capture.
     pub fs_capture_ms: f64,
+    /// Median upper snapshot (in the frozen window; 0 without snapshots).
+    pub upper_snapshot_ms: f64,
     /// Median CRIU dump.
     pub criu_dump_ms: f64,
     /// Median checkpoint total.
     pub checkpoint_ms: f64,
     /// Median restore total.
     pub restore_ms: f64,
+    /// Median install of F_k at restore (snapshot or materialize).
+    pub fs_install_ms: f64,
     /// Median CRIU restore phase.
     pub criu_restore_ms: f64,
+    /// Restores whose files kept their inode numbers (from the upper snapshot).
+    pub inodes_kept: usize,
     /// Median checkpoint size in bytes.
     pub bytes: u64,
 }
@@ -161,6 +167,8 @@ pub(super) fn workload(
             mut restore,
             mut criu_restore,
             mut bytes,
+            mut snap,
+            mut install,
         ) = (
             vec![],
             vec![],
@@ -170,7 +178,10 @@ pub(super) fn workload(
             vec![],
             vec![],
             vec![],
+            vec![],
+            vec![],
         );
+        let mut kept = 0;
         for k in 1..=runs as u64 {
             let req = CheckpointRequest {
                 id: id.clone(),
@@ -185,6 +196,7 @@ pub(super) fn workload(
             frozen.push(info.timings_ms.frozen_total);
             freeze.push(info.timings_ms.freeze);
             fs.push(info.timings_ms.fs_capture);
+            snap.push(info.timings_ms.upper_snapshot);
             dump.push(info.timings_ms.criu_dump);
             total.push(info.timings_ms.total);
             bytes.push(info.bytes as f64);
@@ -200,6 +212,8 @@ pub(super) fn workload(
             };
             restore.push(r.timings_ms.total);
             criu_restore.push(r.timings_ms.criu_restore);
+            install.push(r.timings_ms.fs_install);
+            kept += usize::from(r.inodes_kept);
         }
         Ok(WorkloadResult {
             name: name.into(),
@@ -207,10 +221,13 @@ pub(super) fn workload(
             frozen_ms: median(&mut frozen),
             freeze_ms: median(&mut freeze),
             fs_capture_ms: median(&mut fs),
+            upper_snapshot_ms: median(&mut snap),
             criu_dump_ms: median(&mut dump),
             checkpoint_ms: median(&mut total),
             restore_ms: median(&mut restore),
+            fs_install_ms: median(&mut install),
             criu_restore_ms: median(&mut criu_restore),
+            inodes_kept: kept,
             bytes: median(&mut bytes) as u64,
         })
     })();
@@ -271,34 +288,40 @@ pub fn run(socket: &Path, cmd: BenchCmd, json: bool) -> Result<i32> {
         );
     } else {
         println!(
-            "{:<16} {:>5} {:>10} {:>9} {:>10} {:>10} {:>12} {:>11} {:>13} {:>12}",
+            "{:<16} {:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>12} {:>11} {:>10} {:>13} {:>6} {:>12}",
             "workload",
             "runs",
             "frozen_ms",
             "freeze",
             "fs_capture",
+            "snapshot",
             "criu_dump",
             "checkpoint",
             "restore_ms",
+            "fs_install",
             "criu_restore",
+            "inodes",
             "bytes"
         );
         for r in &results {
             println!(
-                "{:<16} {:>5} {:>10.1} {:>9.1} {:>10.1} {:>10.1} {:>12.1} {:>11.1} {:>13.1} {:>12}",
+                "{:<16} {:>5} {:>10.1} {:>9.1} {:>10.1} {:>9.1} {:>10.1} {:>12.1} {:>11.1} {:>10.1} {:>13.1} {:>6} {:>12}",
                 r.name,
                 r.runs,
                 r.frozen_ms,
                 r.freeze_ms,
                 r.fs_capture_ms,
+                r.upper_snapshot_ms,
                 r.criu_dump_ms,
                 r.checkpoint_ms,
                 r.restore_ms,
+                r.fs_install_ms,
                 r.criu_restore_ms,
+                format!("{}/{}", r.inodes_kept, r.runs),
                 r.bytes
             );
         }
-        println!("(medians; checkpoint = freeze + capture + dump + publish incl. fsync)");
+        println!("(medians; checkpoint = freeze + capture + snapshot + dump + publish incl. fsync; inodes: restores that kept inode numbers)");
     }
     Ok(0)
 }

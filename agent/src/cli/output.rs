@@ -83,6 +83,7 @@ impl Printer {
                 "init_pid": r.init_pid,
                 "timings_ms": r.timings_ms,
                 "validity": r.validity,
+                "inodes_kept": r.inodes_kept,
             });
             match context_out {
                 Some(p) => v["context_file"] = json!(p.display().to_string()),
@@ -92,8 +93,16 @@ impl Printer {
         } else {
             match r.prefix {
                 Some(k) => println!(
-                    "restored {} at prefix k={} in {:.1} ms (pid {})",
-                    r.sandbox, k, r.timings_ms.total, r.init_pid
+                    "restored {} at prefix k={} in {:.1} ms (pid {}; {})",
+                    r.sandbox,
+                    k,
+                    r.timings_ms.total,
+                    r.init_pid,
+                    if r.inodes_kept {
+                        "upper snapshot: inode numbers kept"
+                    } else {
+                        "upper layer materialized: new inode numbers"
+                    }
                 ),
                 None => println!(
                     "no ready checkpoint: {} restarted from its base image (k=0) in {:.1} ms",

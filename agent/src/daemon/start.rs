@@ -72,9 +72,9 @@ pub enum StartError {
         path: std::path::PathBuf,
         /// The configured default limit.
         bytes: u64,
-        /// Why quotas are unavailable.
+        /// Why quotas are unavailable (boxed: the error type stays small).
         #[source]
-        source: crate::quota::QuotaError,
+        source: Box<crate::quota::QuotaError>,
     },
 }
 
@@ -134,7 +134,7 @@ impl Agent {
                 .map_err(|source| StartError::DiskQuota {
                     path: config.state_dir.clone(),
                     bytes: config.default_disk_max_bytes,
-                    source,
+                    source: Box::new(source),
                 })?;
         let images = ImageStore::open(&config.state_dir)?;
         let helper = crate::helper::image::HelperImage::beside_current_exe()?;

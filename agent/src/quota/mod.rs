@@ -152,6 +152,17 @@ pub enum QuotaError {
         #[source]
         source: SyscallError,
     },
+    /// Snapshotting a volume failed.
+    #[error("cannot snapshot volume {from} as {path}")]
+    Snapshot {
+        /// The volume snapshotted.
+        from: PathBuf,
+        /// The snapshot's path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: SyscallError,
+    },
     /// A directory is not a btrfs subvolume root.
     #[error("{path} is not a btrfs subvolume")]
     NotAVolume {

@@ -141,6 +141,10 @@ const IOC_QUOTA_CTL: libc::c_ulong = ioc(
 );
 const IOC_SUBVOL_CREATE_V2: libc::c_ulong = ioc(IOC_WRITE, 24, std::mem::size_of::<VolArgsV2>());
 const IOC_SNAP_DESTROY_V2: libc::c_ulong = ioc(IOC_WRITE, 63, std::mem::size_of::<VolArgsV2>());
+const IOC_SNAP_CREATE_V2: libc::c_ulong = ioc(IOC_WRITE, 23, std::mem::size_of::<VolArgsV2>());
+const IOC_SUBVOL_GETFLAGS: libc::c_ulong = ioc(IOC_READ, 25, std::mem::size_of::<u64>());
+/// `BTRFS_SUBVOL_RDONLY`: a read-only subvolume (snapshot flag and subvolume flag).
+pub const SUBVOL_RDONLY: u64 = 1 << 1;
 // The kernel declares QGROUP_LIMIT with _IOR although it only reads the argument.
 const IOC_QGROUP_LIMIT: libc::c_ulong = ioc(IOC_READ, 43, std::mem::size_of::<QgroupLimitArgs>());
 const IOC_INO_LOOKUP: libc::c_ulong = ioc(
@@ -228,6 +232,48 @@ pub fn subvol_create(parent: BorrowedFd<'_>, name: &[u8]) -> SysResult<()> {
             &|| String::from_utf8_lossy(name).into_owned(),
         )
     }
+}
+
+/// Snapshots the subvolume whose root directory is `source` as `name` (no `/`, at most
+/// [`SUBVOL_NAME_MAX`] bytes) in directory `parent` (`BTRFS_IOC_SNAP_CREATE_V2`), read-only
+/// with `readonly`. The kernel writes back the source's dirty data and commits a transaction
+/// before it returns; the snapshot's inodes keep their numbers, times and data extents.
+pub fn snap_create(
+    parent: BorrowedFd<'_>,
+    source: BorrowedFd<'_>,
+    name: &[u8],
+    readonly: bool,
+) -> SysResult<()> {
+    let mut args = vol_args(name);
+    args.fd = i64::from(source.as_raw_fd());
+    args.flags = if readonly { SUBVOL_RDONLY } else { 0 };
+    // SAFETY: `args` is a live, boxed VolArgsV2 with a NUL-terminated name, an open fd and no
+    // inherit pointer (no BTRFS_SUBVOL_QGROUP_INHERIT flag), the struct SNAP_CREATE_V2 takes.
+    unsafe {
+        ioctl(
+            parent,
+            IOC_SNAP_CREATE_V2,
+            &mut *args,
+            "ioctl(BTRFS_IOC_SNAP_CREATE_V2)",
+            &|| String::from_utf8_lossy(name).into_owned(),
+        )
+    }
+}
+
+/// The flags of the subvolume holding `fd` (`BTRFS_IOC_SUBVOL_GETFLAGS`; [`SUBVOL_RDONLY`]).
+pub fn subvol_flags(fd: BorrowedFd<'_>) -> SysResult<u64> {
+    let mut flags: u64 = 0;
+    // SAFETY: `flags` is a live u64, what SUBVOL_GETFLAGS writes.
+    unsafe {
+        ioctl(
+            fd,
+            IOC_SUBVOL_GETFLAGS,
+            &mut flags,
+            "ioctl(BTRFS_IOC_SUBVOL_GETFLAGS)",
+            &|| "subvolume flags".to_string(),
+        )?;
+    }
+    Ok(flags)
 }
 
 /// Deletes subvolume `name` of directory `parent` with its contents

@@ -264,12 +264,17 @@ fn take(
         )
         .map_err(fs_err)?;
         let fs_ms = ms(t_fs);
+        let t_snap = Instant::now();
+        let upper_snapshot = upper_snapshot(rt, &id, &slot.paths.instance(rec.instance), &dir);
+        let snapshot_ms = upper_snapshot.map_or(0.0, |_| ms(t_snap));
         fault(req.fault, FailPoint::AfterFsCapture)?;
         Ok(Frozen {
             guard: frozen,
             since: t_freeze,
             freeze_ms,
             fs_ms,
+            snapshot_ms,
+            upper_snapshot,
             processes,
             pending,
             ns_last_pid,
@@ -300,6 +305,8 @@ fn take(
     };
     t.freeze = frozen.freeze_ms;
     t.fs_capture = frozen.fs_ms;
+    t.upper_snapshot = frozen.snapshot_ms;
+    let upper_snapshot = frozen.upper_snapshot;
     t.criu_dump = ms(frozen.dump_started);
     let (processes, pending, ns_last_pid) = (frozen.processes, frozen.pending, frozen.ns_last_pid);
     // While the tree is still what was dumped: a checkpoint whose restore would be refused
@@ -379,6 +386,7 @@ fn take(
         processes,
         ns_last_pid,
         own_netns,
+        upper_snapshot,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };
@@ -401,11 +409,11 @@ fn take(
     fault(req.fault, FailPoint::BeforeRename)?;
     let published = store.publish(&mut staging)?;
     if let Err(e) = fault(req.fault, FailPoint::BeforePointerUpdate) {
-        let _ = belayer_overlay::remove_dir_all(&published);
+        let _ = store::snapshot::remove_checkpoint_dir(&published);
         return Err(e);
     }
     if let Err(e) = store.set_ready(&manifest.checkpoint) {
-        let _ = belayer_overlay::remove_dir_all(&published);
+        let _ = store::snapshot::remove_checkpoint_dir(&published);
         return Err(e.into());
     }
     slot.set_layer_base(Some((rec.instance, std::sync::Arc::new(layer))));
@@ -431,10 +439,33 @@ struct Frozen<'c, 's> {
     since: Instant,
     freeze_ms: f64,
     fs_ms: f64,
+    snapshot_ms: f64,
+    upper_snapshot: Option<u64>,
     processes: Vec<String>,
     pending: belayer_overlay::layer::PendingLayer<'s>,
     ns_last_pid: Option<i32>,
     dump_started: Instant,
+}
+
+/// Takes the checkpoint's upper snapshot ([`store::snapshot`]) of instance volume `instance`
+/// into staging dir `dir`, where the state dir has quotas (so instances are volumes) and the
+/// config asks for it (`upper_snapshots`). Returns its subvolume id, or `None`: without
+/// either, and when the snapshot fails (a warning; the checkpoint is still complete, and its
+/// restore materializes F_k with new inode numbers).
+fn upper_snapshot(
+    rt: &Runtime,
+    id: &str,
+    instance: &std::path::Path,
+    dir: &std::path::Path,
+) -> Option<u64> {
+    if rt.quota.is_none() || !rt.config.upper_snapshots {
+        return None;
+    }
+    store::snapshot::take(instance, dir)
+        .inspect_err(|e| {
+            tracing::warn!(sandbox = %id, error = %belayer_ipc::error_chain(e), "no upper snapshot: a restore of this checkpoint gives new inode numbers")
+        })
+        .ok()
 }
 
 /// The layer manifest of the ready checkpoint when it was taken of instance `instance` (the

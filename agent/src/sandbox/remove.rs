@@ -83,14 +83,24 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
     Ok(())
 }
 
-/// Deletes a sandbox dir that nothing uses any more: its instance dirs (volumes the kernel
-/// deletes) first, then the rest. Failures are logged; the adoption pass retries trash.
+/// Deletes a sandbox dir that nothing uses any more: its instance dirs and its checkpoints'
+/// upper snapshots (volumes the kernel deletes) first, then the rest. Failures are logged;
+/// the adoption pass retries trash.
 pub fn delete_sandbox_dir(dir: &std::path::Path) {
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_name().to_string_lossy().starts_with("inst-") {
                 if let Err(err) = crate::quota::remove_instance_dir(&e.path()) {
                     tracing::warn!(path = %e.path().display(), error = %err, "cannot delete an instance");
+                }
+            }
+        }
+    }
+    if let Ok(entries) = fs::read_dir(dir.join("checkpoints")) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                if let Err(err) = crate::store::snapshot::remove_checkpoint_dir(&e.path()) {
+                    tracing::warn!(path = %e.path().display(), error = %err, "cannot delete a checkpoint");
                 }
             }
         }

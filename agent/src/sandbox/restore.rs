@@ -2,9 +2,11 @@
 //! alignment").
 //!
 //! 1. load the ready checkpoint's manifests (untrusted input, checked entry by entry);
-//! 2. materialize F_k into the upper dir of a fresh instance from its layer manifest and the
-//!    blob store while a second thread verifies every artifact (size, blake3) and re-hashes
-//!    every blob the layer refers to; a corrupt checkpoint is refused here, before the failed
+//! 2. install F_k into a fresh instance: a writable snapshot of the checkpoint's upper
+//!    snapshot where it has one (one ioctl; files keep their inode numbers and times), else
+//!    materialized from its layer manifest and the blob store (`upper`); meanwhile a second
+//!    thread verifies every artifact (size, blake3) and, when materializing, re-hashes every
+//!    blob the layer refers to; a corrupt checkpoint is refused here, before the failed
 //!    instance is touched;
 //! 3. tear down whatever is left of the failed instance (cgroup kill, reap, unmount, delete),
 //!    then mount the fresh instance's overlay and create its cgroup;
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use belayer_criu::{NetworkLock, RestoreRequest, RestoreStage};
 use belayer_ipc::{RestoreInfo, RestoreTimings, RestoreValidity};
-use belayer_overlay::layer::{layer_digest, materialize_layer, LayerManifest, MaterializeOptions};
+use belayer_overlay::layer::{materialize_layer, MaterializeOptions};
 
 use super::create::{CreateError, Instance};
 use super::{SandboxPaths, SandboxSlot, SandboxState};
@@ -30,6 +32,7 @@ use crate::store::CheckpointStore;
 use crate::sys;
 
 mod error;
+mod upper;
 pub use error::RestoreError;
 
 fn ms(since: Instant) -> f64 {
@@ -91,7 +94,11 @@ pub fn restore(
     //    is verified on a second thread; both before the failed instance is touched, so a
     //    corrupt checkpoint costs the running instance nothing.
     let n = rec.instance + 1;
-    super::create::make_instance_dir(rt, &rec, &slot.paths, n).map_err(CreateError::from)?;
+    let t_fs = Instant::now();
+    let from_snapshot = upper::from_snapshot(rt, &rec, &slot.paths, n, &store, manifest.as_ref());
+    if !from_snapshot {
+        super::create::make_instance_dir(rt, &rec, &slot.paths, n).map_err(CreateError::from)?;
+    }
     let upper = slot.paths.upper(n);
     fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs {
         path: upper.clone(),
@@ -107,13 +114,18 @@ pub fn restore(
         let verifier = scope.spawn(|| {
             let t_verify = Instant::now();
             let result = match (&manifest, &layer) {
-                (Some(m), Some(layer)) => verify_checkpoint(&store, m, layer, &rt.blobs, &id),
+                (Some(m), Some(layer)) => upper::verify_checkpoint(
+                    &store,
+                    m,
+                    layer,
+                    (!from_snapshot).then_some(&rt.blobs),
+                    &id,
+                ),
                 _ => Ok(()),
             };
             (result, ms(t_verify))
         });
-        let t_fs = Instant::now();
-        let materialized = layer.as_ref().map(|layer| {
+        let materialized = layer.as_ref().filter(|_| !from_snapshot).map(|layer| {
             // Blobs are verified by the other thread: copy them with the kernel.
             let opts = MaterializeOptions {
                 verify_blobs: false,
@@ -150,16 +162,24 @@ pub fn restore(
                 source,
             }))
         }
-        None => (None, 0),
+        // From the snapshot: the capture's keys hold (same inodes and times), and every data
+        // byte is shared with the snapshot.
+        None => match (&layer, &manifest) {
+            (Some(layer), Some(m)) if from_snapshot => (
+                Some((n, std::sync::Arc::new(layer.clone()))),
+                m.layer.data_bytes,
+            ),
+            _ => (None, 0),
+        },
     };
-    restored_layer_counts(rt, &rec, &slot.paths.instance(n), shared_bytes)
+    upper::restored_layer_counts(rt, &rec, &slot.paths.instance(n), shared_bytes)
         .map_err(|e| discard(CreateError::from(e).into()))?;
     let context = match &manifest {
         Some(m) => store.read_context(m)?,
         None => Vec::new(),
     };
     let fs_matches = match (&layer, verify) {
-        (Some(layer), true) => Some(upper_matches(&id, &upper, layer)?),
+        (Some(layer), true) => Some(upper::upper_matches(&id, &upper, layer)?),
         _ => None,
     };
 
@@ -373,6 +393,7 @@ pub fn restore(
         init_pid: pid,
         timings_ms: t,
         validity,
+        inodes_kept: from_snapshot,
     })
 }
 
@@ -414,31 +435,6 @@ pub(crate) fn check_image_paths(
     belayer_criu::validate_restore_paths_allowing(images, root, &binds)
 }
 
-/// The restored layer counts against the sandbox's disk limit. Data placed from blobs with
-/// `copy_file_range` shares the blobs' extents, which simple quotas charge to whoever wrote
-/// them first (the old instance), not to the new one: without this, each restore would hand
-/// the sandbox its whole limit again on top of what it had. So the instance's limit becomes
-/// the sandbox's minus those `shared_bytes` (at least 1 MiB, so the sandbox can still write
-/// its logs). Data written out (compressed or verified blobs) is charged to the instance
-/// already.
-fn restored_layer_counts(
-    rt: &Runtime,
-    rec: &super::SandboxRecord,
-    inst: &std::path::Path,
-    shared_bytes: u64,
-) -> Result<(), crate::quota::QuotaError> {
-    let (Some(_), Some(limit)) = (&rt.quota, rec.spec.disk_max) else {
-        return Ok(());
-    };
-    if shared_bytes == 0 || !crate::quota::is_volume(inst) {
-        return Ok(());
-    }
-    let left = limit
-        .saturating_sub(shared_bytes)
-        .max(crate::quota::MIN_DISK_LIMIT);
-    crate::quota::Volume::open(inst)?.set_limit(Some(left))
-}
-
 /// Leaves a sandbox `failed` (not `restoring`) when a restore gives up after it tore the old
 /// instance down.
 struct RestoringGuard<'a> {
@@ -452,47 +448,6 @@ impl Drop for RestoringGuard<'_> {
             self.slot.set_transient(SandboxState::Failed);
         }
     }
-}
-
-/// Verifies every artifact of checkpoint `m` (size and blake3) and every blob its layer
-/// refers to (its content hashes to its name).
-fn verify_checkpoint(
-    store: &CheckpointStore,
-    m: &crate::store::Manifest,
-    layer: &LayerManifest,
-    blobs: &belayer_overlay::layer::BlobStore,
-    id: &str,
-) -> Result<(), RestoreError> {
-    store
-        .verify(&m.checkpoint)
-        .map_err(|source| RestoreError::Corrupt {
-            id: id.to_string(),
-            source,
-        })?;
-    for blob in layer.blobs() {
-        blobs
-            .verify(&blob)
-            .map_err(|source| RestoreError::CorruptBlob {
-                id: id.to_string(),
-                source,
-            })?;
-    }
-    Ok(())
-}
-
-/// Reads the freshly materialized upper layer again and compares its content digest with
-/// the checkpoint's layer manifest (equal trees have equal content digests).
-fn upper_matches(
-    id: &str,
-    upper: &std::path::Path,
-    layer: &LayerManifest,
-) -> Result<bool, RestoreError> {
-    let digest =
-        layer_digest(upper, &Default::default()).map_err(|source| RestoreError::Verify {
-            id: id.to_string(),
-            source,
-        })?;
-    Ok(digest == layer.content_digest())
 }
 
 /// Kills every process of the current instance, reaps the init, unmounts its root and removes

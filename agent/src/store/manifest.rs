@@ -86,6 +86,11 @@ pub struct Manifest {
     /// into the namespace it runs in when the images leave it out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_netns: bool,
+    /// Subvolume id of the checkpoint's read-only upper snapshot (`upper.snap`, see
+    /// [`super::snapshot`]), which a restore on this node installs instead of materializing
+    /// F_k; absent when none was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_snapshot: Option<u64>,
     /// Phase timings of the checkpoint, ms (publish and total are those known when written).
     pub timings_ms: CheckpointTimings,
     /// Publication time, ms since the Unix epoch.

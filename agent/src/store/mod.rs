@@ -9,6 +9,7 @@
 //! listed and are removed by [`CheckpointStore::discard_unpublished`].
 
 pub mod manifest;
+pub mod snapshot;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -102,7 +103,7 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.published {
-            if let Err(e) = belayer_overlay::remove_dir_all(&self.dir) {
+            if let Err(e) = snapshot::remove_checkpoint_dir(&self.dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(path = %self.dir.display(), error = %e, "cannot remove checkpoint staging dir");
                 }
@@ -261,7 +262,7 @@ impl CheckpointStore {
             let stale =
                 name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > ready_seq);
             if stale {
-                belayer_overlay::remove_dir_all(e.path()).map_err(io("rmdir", &e.path()))?;
+                snapshot::remove_checkpoint_dir(&e.path()).map_err(io("rmdir", &e.path()))?;
                 removed += 1;
             }
         }
@@ -371,7 +372,7 @@ impl CheckpointStore {
             .load(name)
             .map(|m| m.artifacts().map(|a| a.bytes).sum())
             .unwrap_or(0);
-        belayer_overlay::remove_dir_all(&p).map_err(io("rmdir", &p))?;
+        snapshot::remove_checkpoint_dir(&p).map_err(io("rmdir", &p))?;
         Ok(bytes)
     }
 }
@@ -429,6 +430,7 @@ mod tests {
             processes: vec![],
             ns_last_pid: None,
             own_netns: false,
+            upper_snapshot: None,
             timings_ms: Default::default(),
             created_unix_ms: 0,
         };

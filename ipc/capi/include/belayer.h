@@ -315,6 +315,9 @@ typedef struct BelayerRestoreInfo {
   bool fs_matches;
   // The restored processes match the checkpoint (valid when `verified`).
   bool processes_match;
+  // The upper layer came back from the checkpoint's snapshot: files the sandbox wrote kept
+  // their inode numbers and times.
+  bool inodes_kept;
 } BelayerRestoreInfo;
 
 // Handle of an event subscription (0 is never valid).

@@ -188,6 +188,9 @@ pub struct BelayerRestoreInfo {
     pub fs_matches: bool,
     /// The restored processes match the checkpoint (valid when `verified`).
     pub processes_match: bool,
+    /// The upper layer came back from the checkpoint's snapshot: files the sandbox wrote kept
+    /// their inode numbers and times.
+    pub inodes_kept: bool,
 }
 
 /// One step's timing for [`belayer_maybe_checkpoint`]; seconds. Negative values mean unset.
@@ -559,6 +562,7 @@ impl BelayerRestoreInfo {
         verified: false,
         fs_matches: false,
         processes_match: false,
+        inodes_kept: false,
     };
 }
 
@@ -1153,6 +1157,7 @@ pub unsafe extern "C" fn belayer_restore(
                     verified: r.validity.is_some(),
                     fs_matches: r.validity.as_ref().is_some_and(|v| v.fs_matches),
                     processes_match: r.validity.as_ref().is_some_and(|v| v.processes_match),
+                    inodes_kept: r.inodes_kept,
                     context: buf(r.context),
                 };
                 Ok(())
