@@ -368,6 +368,9 @@ pub fn restore(
     // The old instance is garbage now.
     let (paths, old) = (slot.paths.clone(), rec.instance);
     std::thread::spawn(move || retire_instance(&paths, old));
+    if from_snapshot {
+        upper::warm_in_background(id.clone(), upper);
+    }
     t.total = ms(started);
     let prefix = manifest.as_ref().map(|m| m.prefix);
     tracing::info!(sandbox = %id, ?prefix, pid, total_ms = t.total, "sandbox restored");

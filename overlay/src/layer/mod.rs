@@ -64,6 +64,7 @@ mod capture;
 mod extents;
 mod manifest;
 mod materialize;
+mod warm;
 
 pub use blobs::{BlobError, BlobStore, GcRoots, GcStats, StoreLease};
 pub use capture::{
@@ -76,3 +77,4 @@ pub use manifest::{
     LAYER_FORMAT_VERSION, MANIFEST_MAGIC, MAX_MANIFEST_BYTES,
 };
 pub use materialize::{materialize_layer, MaterializeOptions};
+pub use warm::warm_layer;

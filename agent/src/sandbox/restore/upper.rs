@@ -52,6 +52,23 @@ pub(super) fn from_snapshot(
     }
 }
 
+/// Walks the upper dir of an instance made from a snapshot on a thread of its own
+/// ([`belayer_overlay::layer::warm_layer`]): the new volume's inodes are in no cache yet, and
+/// the next checkpoint's capture would otherwise fill them inside its frozen window (230 ms
+/// against 83 ms for 20 000 entries here). A failure (the instance removed meanwhile) only
+/// costs the warming.
+pub(super) fn warm_in_background(id: String, upper: std::path::PathBuf) {
+    std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        match belayer_overlay::layer::warm_layer(&upper, &Default::default()) {
+            Ok(entries) => {
+                tracing::debug!(sandbox = %id, entries, ms = t.elapsed().as_secs_f64() * 1000.0, "restored upper layer walked")
+            }
+            Err(e) => tracing::debug!(sandbox = %id, error = %e, "restored upper layer not walked"),
+        }
+    });
+}
+
 /// The restored layer counts against the sandbox's disk limit. Data placed from blobs with
 /// `copy_file_range`, like every file of an instance made from the upper snapshot, shares
 /// extents which simple quotas charge to whoever wrote
