@@ -4,6 +4,9 @@
 //! The tests need root, CRIU 4.x and the images built by `scripts/setup.sh`
 //! (`BELAYER_TEST_BUSYBOX_ROOTFS`, `BELAYER_TEST_PYTHON_ROOTFS`, defaulting to
 //! `/var/cache/belayer/images/{busybox,bookworm-python}/rootfs`).
+//!
+//! Dependencies: `belayer-ipc` (the protocol client), `belayer-overlay` (blob names, to damage
+//! a stored blob on purpose), `libc` (signals), `serde`/`serde_json`, `tempfile`.
 #![warn(missing_docs)]
 
 pub mod peer;
@@ -549,6 +552,16 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Flips the first byte of the blob in the node's blob store whose content is `content`
+    /// (a file of that content was captured by a checkpoint).
+    pub fn corrupt_blob(&self, content: &[u8]) {
+        let blob = belayer_overlay::layer::BlobId::of(content).to_hex();
+        let blob = self.state_dir.join("blobs").join(&blob[..2]).join(&blob);
+        let mut bytes = std::fs::read(&blob).expect("blob");
+        bytes[0] ^= 0x01;
+        std::fs::write(&blob, bytes).expect("write blob");
     }
 
     /// The sandbox's root filesystem as the host sees it: the overlay merged dir of its current

@@ -53,6 +53,16 @@ pub fn python_sandbox(d: &Daemon) -> String {
     d.create("python").id
 }
 
+/// A sandbox of the python image made with `spec` (its image set to that image).
+pub fn python_sandbox_spec(d: &Daemon, spec: belayer_ipc::SandboxSpec) -> String {
+    d.image("python", &python_rootfs());
+    d.create_spec(belayer_ipc::SandboxSpec {
+        image: "python".into(),
+        ..spec
+    })
+    .id
+}
+
 /// Writes `content` to `path` inside the sandbox (through an action, as an agent would).
 pub fn write_file(d: &Daemon, id: &str, path: &str, content: &str) {
     const EOF: &str = "BELAYER_PROBE_EOF";

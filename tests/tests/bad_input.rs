@@ -119,7 +119,13 @@ fn restore_without_checkpoint_restarts_from_base_image() {
 
 #[test]
 fn corrupted_checkpoint_is_refused_and_nothing_is_disturbed() {
-    let d = Daemon::start();
+    // Restores that materialize F_k from blobs (a restore from the upper snapshot reads no
+    // blob: `tests/upper_snapshot.rs`).
+    let d = Daemon::start_options(belayer_tests::DaemonOptions {
+        test_hooks: true,
+        config: "upper_snapshots = false\n".into(),
+        ..Default::default()
+    });
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
     d.sh(&id, "echo v1 > /v");
@@ -145,11 +151,7 @@ fn corrupted_checkpoint_is_refused_and_nothing_is_disturbed() {
     // Flip one byte of a blob the layer refers to (the content of /v): found while it is
     // copied into the fresh instance, before the running one is touched.
     std::fs::write(&layer, original).unwrap();
-    let blob = belayer_overlay::layer::BlobId::of(b"v1\n").to_hex();
-    let blob = d.state_dir.join("blobs").join(&blob[..2]).join(&blob);
-    let mut bytes = std::fs::read(&blob).unwrap();
-    bytes[0] ^= 0x01;
-    std::fs::write(&blob, bytes).unwrap();
+    d.corrupt_blob(b"v1\n");
     let msg = expect_error(d.restore_raw(&id), ErrorCode::CorruptCheckpoint);
     assert!(msg.contains("corrupt"), "{msg}");
     assert_untouched(&d, &id, &pids);

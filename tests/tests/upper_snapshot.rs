@@ -155,3 +155,70 @@ fn without_upper_snapshots_restores_materialize() {
     assert_eq!(d.sh(&id, "cat /work/f").trim(), "one");
     eprintln!("st_ino {before} -> {}", ino(&d, &id));
 }
+
+/// With an upper snapshot a restore still verifies every artifact (a flipped byte of the layer
+/// manifest is refused, the sandbox untouched), but reads no blob: a corrupt blob does not
+/// stop it, and the restored files are the checkpoint's.
+#[test]
+fn a_snapshot_restore_verifies_artifacts_and_reads_no_blob() {
+    let d = Daemon::start();
+    let id = sandbox(&d);
+    d.sh(&id, "echo v1 > /v");
+    d.checkpoint(&id, 1, b"L1");
+    let layer = ready_dir(&d, &id).join("upper.layer");
+    let original = std::fs::read(&layer).unwrap();
+    let mut bytes = original.clone();
+    bytes[20] ^= 0x01;
+    std::fs::write(&layer, &bytes).unwrap();
+    d.sh(&id, "echo v2 > /v");
+    match d.restore_raw(&id) {
+        Response::Error(e) => {
+            assert_eq!(e.code, belayer_ipc::ErrorCode::CorruptCheckpoint, "{e:?}");
+            assert!(e.message.contains("upper.layer"), "{e:?}");
+        }
+        r => panic!("a corrupt layer manifest was restored: {r:?}"),
+    }
+    assert_eq!(d.sh(&id, "cat /v"), "v2");
+    std::fs::write(&layer, original).unwrap();
+    d.corrupt_blob(b"v1\n");
+    let r = d.restore(&id);
+    assert!(r.inodes_kept, "{r:?}");
+    assert_eq!(d.sh(&id, "cat /v"), "v1");
+}
+
+/// State: a hardlinked image file one of whose names the sandbox changed (overlayfs copies it
+/// up and, with `index=on`, keeps every name on the copy). After a restore from the snapshot
+/// all names are still one inode with the changed content: the overlay index comes back with
+/// the upper layer.
+#[test]
+fn a_copied_up_hardlinked_image_file_stays_one_inode() {
+    let d = Daemon::start();
+    d.image("python", &belayer_tests::python_rootfs());
+    let id = d.create("python").id;
+    // Two names of one image inode.
+    let names = d.sh(
+        &id,
+        "f=$(find /usr/bin /usr/sbin /bin -xdev -type f -links 2 2>/dev/null | head -1); \
+         find /usr /bin /sbin -xdev -inum $(stat -c %i \"$f\") 2>/dev/null | head -2",
+    );
+    let names: Vec<&str> = names.lines().collect();
+    assert_eq!(names.len(), 2, "no hardlinked image file: {names:?}");
+    let (a, b) = (names[0], names[1]);
+    d.sh(&id, &format!("echo CHANGED >> {a}"));
+    let look = || {
+        d.sh(
+            &id,
+            &format!("stat -c %i {a} {b}; tail -c 8 {a}; tail -c 8 {b}"),
+        )
+    };
+    let before = look();
+    let lines: Vec<&str> = before.lines().collect();
+    assert_eq!(lines[0], lines[1], "not one inode before: {before}");
+    assert_eq!(lines[2], "CHANGED", "{before}");
+    assert_eq!(lines[3], "CHANGED", "{before}");
+    d.checkpoint(&id, 1, b"one");
+    d.fail_stop(&id);
+    let r = d.restore(&id);
+    assert!(r.inodes_kept, "{r:?}");
+    assert_eq!(look(), before, "the names of {a} split at the restore");
+}

@@ -67,6 +67,23 @@
 //! Usage numbers ([`Volume::usage`]) are those of the last committed transaction; the limit is
 //! enforced at once, on the reservations every write makes.
 //!
+//! # Restored instances
+//!
+//! A restore from an upper snapshot ([`crate::store::snapshot`]) shares the whole checkpointed
+//! layer, file data *and* metadata (directories, inodes, extended attributes, which simple
+//! quotas charge too), with earlier volumes; a materialized restore shares only the file data
+//! it places from blobs. Under simple quotas neither is charged to the new volume, so each
+//! instance records what it inherited (`SandboxRecord::inherited_bytes`): for a snapshot, the
+//! charge recorded with it at the checkpoint (its volume's usage, current after the snapshot's
+//! commit, plus what that instance had inherited); materialized, the shared file data. The
+//! instance's limit is the sandbox's minus that (at least 1 byte), set at CRIU's `pre-resume`
+//! stage, before any restored task runs; until then the volume has none, so a restore of a
+//! sandbox at its limit still mounts and restores (`tests/disk_quota_restores.rs`). The
+//! inherited charge is an upper bound: bytes of it the sandbox deletes stay counted. So a
+//! restore installs a snapshot only while its charge is within a slack (16 MiB, or a sixteenth
+//! of the limit) of the layer's file data, and otherwise materializes, which charges the new
+//! volume what the layer holds now.
+//!
 //! # Threat model
 //!
 //! A sandbox sees its instance only through overlayfs: btrfs ioctls on overlay files fail

@@ -265,7 +265,7 @@ fn take(
         .map_err(fs_err)?;
         let fs_ms = ms(t_fs);
         let t_snap = Instant::now();
-        let upper_snapshot = upper_snapshot(rt, &id, &slot.paths.instance(rec.instance), &dir);
+        let upper_snapshot = upper_snapshot(rt, &rec, &slot.paths.instance(rec.instance), &dir);
         let snapshot_ms = upper_snapshot.map_or(0.0, |_| ms(t_snap));
         fault(req.fault, FailPoint::AfterFsCapture)?;
         Ok(Frozen {
@@ -306,7 +306,7 @@ fn take(
     t.freeze = frozen.freeze_ms;
     t.fs_capture = frozen.fs_ms;
     t.upper_snapshot = frozen.snapshot_ms;
-    let upper_snapshot = frozen.upper_snapshot;
+    let (upper_snapshot, upper_bytes) = frozen.upper_snapshot.unzip();
     t.criu_dump = ms(frozen.dump_started);
     let (processes, pending, ns_last_pid) = (frozen.processes, frozen.pending, frozen.ns_last_pid);
     // While the tree is still what was dumped: a checkpoint whose restore would be refused
@@ -387,6 +387,7 @@ fn take(
         ns_last_pid,
         own_netns,
         upper_snapshot,
+        upper_bytes,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };
@@ -440,7 +441,7 @@ struct Frozen<'c, 's> {
     freeze_ms: f64,
     fs_ms: f64,
     snapshot_ms: f64,
-    upper_snapshot: Option<u64>,
+    upper_snapshot: Option<(u64, u64)>,
     processes: Vec<String>,
     pending: belayer_overlay::layer::PendingLayer<'s>,
     ns_last_pid: Option<i32>,
@@ -449,21 +450,28 @@ struct Frozen<'c, 's> {
 
 /// Takes the checkpoint's upper snapshot ([`store::snapshot`]) of instance volume `instance`
 /// into staging dir `dir`, where the state dir has quotas (so instances are volumes) and the
-/// config asks for it (`upper_snapshots`). Returns its subvolume id, or `None`: without
-/// either, and when the snapshot fails (a warning; the checkpoint is still complete, and its
-/// restore materializes F_k with new inode numbers).
+/// config asks for it (`upper_snapshots`). Returns its subvolume id and the bytes charged for
+/// the upper layer ([`crate::store::Manifest::upper_bytes`]: the volume's usage, current
+/// after the snapshot's commit, plus what the instance inherited), or `None`: without either,
+/// and when the snapshot or the usage fails (a warning; the checkpoint is still complete, and
+/// its restore materializes F_k with new inode numbers).
 fn upper_snapshot(
     rt: &Runtime,
-    id: &str,
+    rec: &super::SandboxRecord,
     instance: &std::path::Path,
     dir: &std::path::Path,
-) -> Option<u64> {
-    if rt.quota.is_none() || !rt.config.upper_snapshots {
-        return None;
-    }
-    store::snapshot::take(instance, dir)
+) -> Option<(u64, u64)> {
+    let quota = rt.quota.as_ref().filter(|_| rt.config.upper_snapshots)?;
+    let taken = store::snapshot::take(instance, dir).and_then(|id| {
+        let usage = crate::quota::Volume::open(instance)?.usage()?;
+        Ok((
+            id,
+            super::restore::charged_bytes(quota, rec, usage.referenced),
+        ))
+    });
+    taken
         .inspect_err(|e| {
-            tracing::warn!(sandbox = %id, error = %belayer_ipc::error_chain(e), "no upper snapshot: a restore of this checkpoint gives new inode numbers")
+            tracing::warn!(sandbox = %rec.id, error = %belayer_ipc::error_chain(e), "no upper snapshot: a restore of this checkpoint gives new inode numbers")
         })
         .ok()
 }

@@ -167,6 +167,7 @@ pub fn create(
         created_unix_ms: sys::now_unix_ms(),
         userns,
         owner_uid,
+        inherited_bytes: 0,
     };
     let result = (|| {
         CheckpointStore::create(&paths.checkpoints())?;

@@ -67,6 +67,12 @@ pub struct SandboxRecord {
     /// before this field existed belong to root.
     #[serde(default)]
     pub owner_uid: u32,
+    /// Bytes of the current instance's upper layer that are charged to earlier volumes, not
+    /// to its own qgroup (simple quotas: what a restore shared into it; 0 under full qgroups,
+    /// which charge shared extents to every volume): its disk limit is the sandbox's minus
+    /// these (see `sandbox::restore::upper`). 0 for a fresh instance.
+    #[serde(default)]
+    pub inherited_bytes: u64,
 }
 
 /// Errors shared by the sandbox verbs.

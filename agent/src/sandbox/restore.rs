@@ -33,7 +33,8 @@ use crate::sys;
 
 mod error;
 mod upper;
-pub use error::RestoreError;
+pub use error::{RestoreError, StageError};
+pub(crate) use upper::charged_bytes;
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
@@ -97,7 +98,13 @@ pub fn restore(
     let t_fs = Instant::now();
     let from_snapshot = upper::from_snapshot(rt, &rec, &slot.paths, n, &store, manifest.as_ref());
     if !from_snapshot {
-        super::create::make_instance_dir(rt, &rec, &slot.paths, n).map_err(CreateError::from)?;
+        // With a checkpoint the limit is set at CRIU's pre-resume stage (`upper::apply_limit`),
+        // once what the instance inherits is known; a restart from the image gets it now.
+        let limit = rec.spec.disk_max.filter(|_| manifest.is_none());
+        let dir = slot.paths.instance(n);
+        crate::quota::remove_instance_dir(&dir)
+            .and_then(|()| crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, limit))
+            .map_err(CreateError::from)?;
     }
     let upper = slot.paths.upper(n);
     fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs {
@@ -172,8 +179,7 @@ pub fn restore(
             _ => (None, 0),
         },
     };
-    upper::restored_layer_counts(rt, &rec, &slot.paths.instance(n), shared_bytes)
-        .map_err(|e| discard(CreateError::from(e).into()))?;
+    let inherited = upper::inherited_bytes(rt, manifest.as_ref(), from_snapshot, shared_bytes);
     let context = match &manifest {
         Some(m) => store.read_context(m)?,
         None => Vec::new(),
@@ -251,12 +257,13 @@ pub fn restore(
             let ns_last_pid = m.ns_last_pid;
             let mut restored_list = None;
             let mut netns_lock = None;
-            let mut on_stage = |stage, pid| {
+            let mut on_stage = |stage, pid| -> Result<(), StageError> {
                 match stage {
                     RestoreStage::Namespaces => {
                         netns_lock = super::netns::ready_restored(&id, pid)?;
                     }
                     RestoreStage::PreResume => {
+                        upper::apply_limit(rt, &rec, &slot.paths.instance(n), inherited)?;
                         if let Some(last) = ns_last_pid {
                             let t_pid = Instant::now();
                             match super::pid_counter::write(pid, last) {
@@ -352,6 +359,7 @@ pub fn restore(
         r.init_pid = Some(pid);
         r.init_start_time = Some(start);
         r.state = SandboxState::Running;
+        r.inherited_bytes = inherited;
     });
     if let Err(e) = committed {
         slot.set_transient(SandboxState::Failed);

@@ -91,6 +91,11 @@ pub struct Manifest {
     /// F_k; absent when none was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upper_snapshot: Option<u64>,
+    /// Bytes charged for the instance's upper layer when the snapshot was taken: its volume's
+    /// referenced bytes, plus (simple quotas) those it had inherited. A restore from the
+    /// snapshot inherits them; absent without a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_bytes: Option<u64>,
     /// Phase timings of the checkpoint, ms (publish and total are those known when written).
     pub timings_ms: CheckpointTimings,
     /// Publication time, ms since the Unix epoch.

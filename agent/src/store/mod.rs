@@ -431,6 +431,7 @@ mod tests {
             ns_last_pid: None,
             own_netns: false,
             upper_snapshot: None,
+            upper_bytes: None,
             timings_ms: Default::default(),
             created_unix_ms: 0,
         };

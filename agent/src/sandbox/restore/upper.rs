@@ -8,16 +8,17 @@ use std::path::Path;
 use belayer_overlay::layer::{layer_digest, LayerManifest};
 
 use super::RestoreError;
+use crate::quota::{QuotaError, QuotaFs, QuotaMode, Volume};
 use crate::runtime::Runtime;
 use crate::sandbox::{SandboxPaths, SandboxRecord};
 use crate::store::{CheckpointStore, Manifest};
 
 /// Makes instance `n`'s directory a writable snapshot of checkpoint `m`'s upper snapshot,
-/// with the sandbox's disk limit and an empty overlay work dir (the snapshot's holds the old
-/// overlay's index, whose file handles name the old volume). Returns `false`, having left
-/// nothing behind, when there is no usable snapshot (no quotas, none recorded, or one that
-/// [`crate::store::snapshot::open`] refuses) or making the instance from it fails (a
-/// warning): the caller then materializes F_k.
+/// without a disk limit yet ([`apply_limit`]) and with its overlay work dir readied
+/// ([`ready_work_dir`]). Returns `false`, having left
+/// nothing behind, when there is no usable snapshot (no quotas, none recorded, a charge past
+/// [`charge_slack`], or one that [`crate::store::snapshot::open`] refuses) or making the
+/// instance from it fails (a warning): the caller then materializes F_k.
 pub(super) fn from_snapshot(
     rt: &Runtime,
     rec: &SandboxRecord,
@@ -26,20 +27,23 @@ pub(super) fn from_snapshot(
     store: &CheckpointStore,
     m: Option<&Manifest>,
 ) -> bool {
-    let (Some(_), Some(m)) = (&rt.quota, m) else {
+    let (Some(quota), Some(m)) = (&rt.quota, m) else {
         return false;
     };
     let Some(expected) = m.upper_snapshot else {
         return false;
     };
+    if let Err(why) = snapshot_charge_fits(quota, m, rec.spec.disk_max) {
+        tracing::info!(sandbox = %rec.id, checkpoint = %m.checkpoint, "upper snapshot not used, {why}: materializing F_k (new inode numbers)");
+        return false;
+    }
     let dir = paths.instance(n);
     let made = (|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let snap = crate::store::snapshot::open(&store.path(&m.checkpoint), expected)?;
         crate::quota::remove_instance_dir(&dir)?;
-        snap.snapshot(&dir, false, rec.spec.disk_max)?;
-        let work = paths.work(n);
-        belayer_overlay::remove_dir_all(&work)?;
-        std::fs::create_dir(&work)?;
+        // No limit until `apply_limit`, at CRIU's pre-resume stage.
+        snap.snapshot(&dir, false, None)?;
+        ready_work_dir(&paths.work(n))?;
         Ok(())
     })();
     match made {
@@ -49,6 +53,38 @@ pub(super) fn from_snapshot(
             let _ = crate::quota::remove_instance_dir(&dir);
             false
         }
+    }
+}
+
+/// Readies the overlay work dir of an instance made from a snapshot. Its `work` scratch dir
+/// goes (overlayfs makes it again at every mount). The index stays: with `index=on` it is what
+/// keeps the names of a hardlinked image file one inode once one of them was copied up (without
+/// it, after a restore the other names would show the image's original again). Removed is
+/// what names the old volume: the index dir's `trusted.overlay.upper` (the old upper root's
+/// file handle, which overlayfs sets again at the mount) and the index's directory entries
+/// (`nfs_export`: each names an upper directory by a file handle of the old volume; overlayfs
+/// makes them again when it copies up or encodes a handle).
+///
+/// Errors: the [`std::io::Error`] of a removal.
+fn ready_work_dir(work: &Path) -> std::io::Result<()> {
+    let gone_ok = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    };
+    gone_ok(belayer_overlay::remove_dir_all(work.join("work")))?;
+    let index = work.join("index");
+    if !std::fs::symlink_metadata(&index).is_ok_and(|m| m.is_dir()) {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(&index)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            belayer_overlay::remove_dir_all(entry.path())?;
+        }
+    }
+    match rustix::fs::removexattr(&index, "trusted.overlay.upper") {
+        Ok(()) | Err(rustix::io::Errno::NODATA) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -69,30 +105,90 @@ pub(super) fn warm_in_background(id: String, upper: std::path::PathBuf) {
     });
 }
 
-/// The restored layer counts against the sandbox's disk limit. Data placed from blobs with
-/// `copy_file_range`, like every file of an instance made from the upper snapshot, shares
-/// extents which simple quotas charge to whoever wrote
-/// them first (the old instance), not to the new one: without this, each restore would hand
-/// the sandbox its whole limit again on top of what it had. So the instance's limit becomes
-/// the sandbox's minus those `shared_bytes` (at least 1 MiB, so the sandbox can still write
-/// its logs). Data written out (compressed or verified blobs) is charged to the instance
-/// already.
-pub(super) fn restored_layer_counts(
+/// Bytes charged for the upper layer of an instance whose volume references `referenced`
+/// bytes: under simple quotas, which charge an extent to the volume that wrote it for its
+/// whole life, plus what the instance inherited from earlier volumes
+/// ([`SandboxRecord::inherited_bytes`]); under full qgroups `referenced` already counts every
+/// extent the volume reaches.
+pub(crate) fn charged_bytes(quota: &QuotaFs, rec: &SandboxRecord, referenced: u64) -> u64 {
+    match quota.mode() {
+        QuotaMode::Simple => referenced.saturating_add(rec.inherited_bytes),
+        QuotaMode::Full => referenced,
+    }
+}
+
+/// How far the charge recorded with a snapshot may exceed its layer's file data before a
+/// restore materializes F_k instead (for a sandbox with disk limit `limit`): at least 16 MiB,
+/// a sixteenth of the limit above 256 MiB. The charge is an upper bound (it keeps counting
+/// inherited bytes the sandbox deleted since, and all of its metadata); materializing charges
+/// the new volume its metadata afresh and shares only file data, which puts the bound back
+/// near the layer's real size.
+fn charge_slack(limit: u64) -> u64 {
+    (limit / 16).max(16 << 20)
+}
+
+/// Whether a restore may install the snapshot of checkpoint `m` for a sandbox limited to
+/// `limit`: its charge is known, and (with a limit, simple quotas) within [`charge_slack`] of
+/// its file data.
+fn snapshot_charge_fits(quota: &QuotaFs, m: &Manifest, limit: Option<u64>) -> Result<(), String> {
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let Some(charged) = m.upper_bytes else {
+        return Err("the checkpoint records no charge for it".into());
+    };
+    let beyond = charged.saturating_sub(m.layer.data_bytes);
+    if quota.mode() == QuotaMode::Simple && beyond > charge_slack(limit) {
+        return Err(format!(
+            "it is charged {charged} bytes, {beyond} beyond its file data (more than {} of slack)",
+            charge_slack(limit)
+        ));
+    }
+    Ok(())
+}
+
+/// What restored instance `n` inherits ([`SandboxRecord::inherited_bytes`]): from the
+/// snapshot, the charge recorded with it; materialized, the file data it shares with the blob
+/// store (`shared_bytes`, placed by `copy_file_range`; its metadata and any data written out
+/// are charged to the new volume). 0 under full qgroups, and without a checkpoint.
+pub(super) fn inherited_bytes(
+    rt: &Runtime,
+    m: Option<&Manifest>,
+    from_snapshot: bool,
+    shared_bytes: u64,
+) -> u64 {
+    match (&rt.quota, m) {
+        (Some(q), Some(m)) if q.mode() == QuotaMode::Simple => {
+            if from_snapshot {
+                m.upper_bytes.unwrap_or(0)
+            } else {
+                shared_bytes
+            }
+        }
+        _ => 0,
+    }
+}
+
+/// Sets the disk limit of restored instance `inst`: the sandbox's limit minus what the
+/// instance inherited, at least 1 byte (0 would not be a limit). Called at CRIU's
+/// `pre-resume` stage, before any restored task runs: until then the volume has no limit, so
+/// the overlay mount and CRIU's own writes (ghost files) succeed for a sandbox at its limit,
+/// which from then on gets `EDQUOT` for every new byte.
+///
+/// Errors: those of [`Volume::open`] and [`Volume::set_limit`].
+pub(super) fn apply_limit(
     rt: &Runtime,
     rec: &SandboxRecord,
     inst: &Path,
-    shared_bytes: u64,
-) -> Result<(), crate::quota::QuotaError> {
+    inherited: u64,
+) -> Result<(), QuotaError> {
     let (Some(_), Some(limit)) = (&rt.quota, rec.spec.disk_max) else {
         return Ok(());
     };
-    if shared_bytes == 0 || !crate::quota::is_volume(inst) {
+    if !crate::quota::is_volume(inst) {
         return Ok(());
     }
-    let left = limit
-        .saturating_sub(shared_bytes)
-        .max(crate::quota::MIN_DISK_LIMIT);
-    crate::quota::Volume::open(inst)?.set_limit(Some(left))
+    Volume::open(inst)?.set_limit(Some(limit.saturating_sub(inherited).max(1)))
 }
 
 /// Verifies every artifact of checkpoint `m` (size and blake3) and, given the blob store the
