@@ -114,3 +114,42 @@ fn freed_room_comes_back_at_a_later_restore() {
         Some("10485760")
     );
 }
+
+/// Files deleted while open come back as CRIU ghost files, written into the restored
+/// instance under its limit. A sandbox that holds more of them than its limit leaves (here
+/// clones, charged once but dumped once each) gets its checkpoint refused with a typed error,
+/// and the previous checkpoint stays ready and restorable.
+#[test]
+fn ghost_files_beyond_the_disk_limit_fail_the_checkpoint() {
+    let d = Daemon::start();
+    let id = limited_sandbox(&d);
+    d.sh(&id, "echo one > /root/marker");
+    d.checkpoint(&id, 1, b"one");
+    d.sh(
+        &id,
+        "head -c 8M /dev/urandom > /root/big && \
+         for i in 1 2 3 4 5 6; do cp --reflink=always /root/big /root/c$i; done && \
+         (nohup python3 -c 'import os, time
+fs = [open(p) for p in [\"/root/big\"] + [\"/root/c%d\" % i for i in range(1, 7)]]
+for f in fs:
+    os.unlink(f.name)
+open(\"/root/held\", \"w\").write(\"1\")
+time.sleep(1e9)' >/dev/null 2>&1 &) && \
+         for i in $(seq 100); do [ -e /root/held ] && break; sleep 0.1; done; cat /root/held",
+    );
+    match d.checkpoint_raw(&id, 2, b"two", None) {
+        belayer_ipc::Response::Error(e) => {
+            assert_eq!(e.code, belayer_ipc::ErrorCode::CheckpointFailed, "{e:?}");
+            assert!(
+                e.message.contains("files deleted while open"),
+                "{}",
+                e.message
+            );
+        }
+        r => panic!("56 MiB of ghosts under a 32 MiB limit were checkpointed: {r:?}"),
+    }
+    assert_eq!(d.inspect(&id).ready_prefix, Some(1));
+    d.fail_stop(&id);
+    assert_eq!(d.restore(&id).prefix, Some(1));
+    assert_eq!(d.sh(&id, "cat /root/marker").trim(), "one");
+}

@@ -292,6 +292,89 @@ finish()
     p.assert_pass();
 }
 
+/// A probe that leads a session on a pty of its own, holds its controlling terminal open as
+/// `/dev/tty` and, after the restore, writes through that descriptor to the pty.
+const DEV_TTY_PROBE: &str = r#"
+import ctypes, select
+# A session of its own whose controlling terminal is a pty it opens (as zdtm pty00 does: CRIU
+# refuses a /dev/tty held by another process than the terminal's, "ctty inheritance").
+try:
+    os.setsid()
+except OSError:
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptsname.restype = ctypes.c_char_p
+m = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY)
+check(libc.grantpt(m) == 0 and libc.unlockpt(m) == 0, "grantpt/unlockpt")
+slave = os.open(libc.ptsname(m).decode(), os.O_RDWR)
+t = os.open("/dev/tty", os.O_RDWR)
+def read_until(token, timeout=15):
+    buf = b""
+    end = time.time() + timeout
+    while token not in buf and time.time() < end:
+        r, _, _ = select.select([m], [], [], 0.1)
+        if r:
+            try:
+                buf += os.read(m, 4096)
+            except OSError:
+                break
+    return buf
+os.write(t, b"before\n")
+check(b"before" in read_until(b"before"), "nothing came through /dev/tty")
+ready()
+wait_term()
+check(os.readlink(f"/proc/self/fd/{t}") == "/dev/tty", f"fd {t} is {os.readlink(f'/proc/self/fd/{t}')}")
+os.write(t, b"after\n")
+out = read_until(b"after")
+check(b"after" in out, f"nothing came through /dev/tty after the restore: {out!r}")
+finish()
+"#;
+
+/// State: a process holding its controlling terminal open through `/dev/tty` (as `less`,
+/// `ssh` or `sudo` do for their prompts; zdtm `pty00`). CRIU's restore `fchown`s such a
+/// descriptor, which needs `/dev/tty` on a writable mount (`helper::mount::build_dev`); after
+/// the restore the descriptor still reaches the same terminal.
+#[test]
+fn a_descriptor_of_dev_tty_survives() {
+    let d = Daemon::start();
+    let id = python_sandbox(&d);
+    let p = Probe::python(&d, &id, "dev_tty", DEV_TTY_PROBE);
+    p.checkpoint_kill_restore();
+    p.assert_pass();
+}
+
+/// State: `/dev/tty` held open in a sandbox of the host's user namespace, whose `/dev/tty`
+/// stays a read-only bind of the host's node: the checkpoint is refused with a typed error
+/// (its restore would fail) and the previous one stays ready.
+#[test]
+fn a_descriptor_of_dev_tty_with_the_host_userns_fails_the_checkpoint() {
+    let d = Daemon::start();
+    d.image("python", &belayer_tests::python_rootfs());
+    let id = d
+        .create_spec(belayer_ipc::SandboxSpec {
+            image: "python".into(),
+            userns: Some(belayer_ipc::UsernsMode::Host),
+            ..Default::default()
+        })
+        .id;
+    d.sh(&id, "echo one > /root/marker");
+    d.checkpoint(&id, 1, b"one");
+    let _probe = Probe::python(&d, &id, "dev_tty", DEV_TTY_PROBE);
+    match d.checkpoint_raw(&id, 2, b"two", None) {
+        Response::Error(e) => {
+            assert_eq!(e.code, ErrorCode::CheckpointFailed, "{e:?}");
+            assert!(e.message.contains("descriptor(s) of /dev/tty"), "{e:?}");
+        }
+        r => panic!("checkpoint with /dev/tty open in the host userns passed: {r:?}"),
+    }
+    assert_eq!(d.inspect(&id).state, "running");
+    d.fail_stop(&id);
+    assert_eq!(d.restore(&id).prefix, Some(1));
+    assert_eq!(d.sh(&id, "cat /root/marker").trim(), "one");
+}
+
 /// State: `vim` (vim.tiny) in a tmux pane, editing a file whose changes are not written yet
 /// (in vim's memory and swap file); after the restore the edit goes on and `:wq` writes both
 /// the text typed before the kill and after.

@@ -211,7 +211,7 @@ fn setup(
     filter: &super::seccomp::SandboxFilter,
     private_userns: bool,
 ) -> Result<OwnedFd, InitError> {
-    super::mount::build_root(root)?;
+    super::mount::build_root(root, private_userns)?;
     sethostname(hostname).map_err(|e| SyscallError::new("sethostname", hostname, e))?;
     umask(Mode::from_bits_truncate(0o022));
     let null = fs::OpenOptions::new()

@@ -93,7 +93,7 @@ pub fn host_binds() -> Vec<(String, bool)> {
 /// and enters it; see the module docs. Runs in pid 1 of the sandbox's pid namespace, whose
 /// cwd is already `root` (entered by host root: the sandbox's root could not traverse the
 /// root-only state dir above it).
-pub(crate) fn build_root(root: &Path) -> Result<(), SyscallError> {
+pub(crate) fn build_root(root: &Path, private_userns: bool) -> Result<(), SyscallError> {
     let what = root.display().to_string();
     let name = root
         .file_name()
@@ -122,7 +122,7 @@ pub(crate) fn build_root(root: &Path) -> Result<(), SyscallError> {
     )
     .map_err(|e| SyscallError::new("mount", "/proc", e))?;
     mask_proc()?;
-    build_dev()?;
+    build_dev(private_userns)?;
     mount_devpts()?;
     pivot_root(".", ".").map_err(|e| SyscallError::new("pivot_root", what, e))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| SyscallError::new("umount2", "old root", e))?;
@@ -154,15 +154,22 @@ fn mask_proc() -> Result<(), SyscallError> {
 /// Binds `source` onto `target` (recursively) and makes the bind read-only, `nosuid`,
 /// `nodev`, `noexec`.
 fn bind_read_only(source: &str, target: &str) -> Result<(), SyscallError> {
-    bind_remounted(source, target, MsFlags::MS_REC, MsFlags::MS_NODEV)
+    bind_remounted(
+        source,
+        target,
+        MsFlags::MS_REC,
+        MsFlags::MS_RDONLY,
+        MsFlags::MS_NODEV,
+    )
 }
 
 /// Binds `source` on `target` (with `bind_flags`, e.g. `MS_REC`), then remounts the bind
-/// read-only, `nosuid`, `noexec` and `extra` (e.g. `MS_NODEV`).
+/// `nosuid`, `noexec`, `read_only` (`MS_RDONLY` or nothing) and `extra` (e.g. `MS_NODEV`).
 fn bind_remounted(
     source: &str,
     target: &str,
     bind_flags: MsFlags,
+    read_only: MsFlags,
     extra: MsFlags,
 ) -> Result<(), SyscallError> {
     mount(
@@ -175,17 +182,28 @@ fn bind_remounted(
     .map_err(|e| SyscallError::new("mount", format!("{source} on /{target}"), e))?;
     let remount = MsFlags::MS_REMOUNT
         | MsFlags::MS_BIND
-        | MsFlags::MS_RDONLY
+        | read_only
         | MsFlags::MS_NOSUID
         | MsFlags::MS_NOEXEC
         | extra;
     mount(NONE, target, NONE, remount, NONE)
-        .map_err(|e| SyscallError::new("mount", format!("/{target} read-only"), e))
+        .map_err(|e| SyscallError::new("mount", format!("/{target} remount"), e))
 }
 
 /// Binds the allowed host devices over their placeholders in the sandbox's `/dev` (made by
-/// [`dev_skeleton`]; each must be a plain file there, never a symlink), read-only.
-fn build_dev() -> Result<(), SyscallError> {
+/// [`dev_skeleton`]; each must be a plain file there, never a symlink), read-only, except
+/// `/dev/tty` in a sandbox with a private user namespace.
+///
+/// Why that one: CRIU's restore of a descriptor of `/dev/tty` (a process holding its
+/// controlling terminal open that way, as `less`, `ssh`, `sudo`, zdtm `pty00` do) `fchown`s
+/// it (to uid and gid -1, which changes nothing), and `fchown` on a read-only mount fails
+/// with `EROFS`, failing the whole restore. Writable, the bind lets the sandbox do no more to
+/// the host's node than before: its root has no capability over the node's owner (host root
+/// is not mapped in its user namespace), so `chmod`, `chown`, explicit times, ACLs and
+/// `security.` attributes fail with `EPERM`; what is left is setting the times to now, which
+/// every write to a tty does to that node anyway. With `--userns=host` the sandbox's root
+/// would have `CAP_FOWNER` over it, so there it stays read-only (and such a restore fails).
+fn build_dev(private_userns: bool) -> Result<(), SyscallError> {
     for (_, _, name) in crate::cgroup::ALLOWED_DEVICES {
         let node = format!("dev/{name}");
         let plain = fs::symlink_metadata(&node).is_ok_and(|m| m.file_type().is_file());
@@ -196,7 +214,17 @@ fn build_dev() -> Result<(), SyscallError> {
                 nix::errno::Errno::ENOENT,
             ));
         }
-        bind_device(&format!("/dev/{name}"), &node)?;
+        if *name == "tty" && private_userns {
+            bind_remounted(
+                "/dev/tty",
+                &node,
+                MsFlags::empty(),
+                MsFlags::empty(),
+                MsFlags::empty(),
+            )?;
+        } else {
+            bind_device(&format!("/dev/{name}"), &node)?;
+        }
     }
     Ok(())
 }
@@ -292,7 +320,13 @@ pub(crate) fn group_gid(text: &str, name: &str) -> Option<u32> {
 /// is the host's inode, so its times, mode and owner are not the sandbox's to change (reads
 /// and writes of the device itself are unaffected).
 fn bind_device(source: &str, target: &str) -> Result<(), SyscallError> {
-    bind_remounted(source, target, MsFlags::empty(), MsFlags::empty())
+    bind_remounted(
+        source,
+        target,
+        MsFlags::empty(),
+        MsFlags::MS_RDONLY,
+        MsFlags::empty(),
+    )
 }
 
 /// Makes `/dev` of a fresh upper layer (host side, before the overlay is mounted): an opaque

@@ -75,10 +75,12 @@
 //! it places from blobs. Under simple quotas neither is charged to the new volume, so each
 //! instance records what it inherited (`SandboxRecord::inherited_bytes`): for a snapshot, the
 //! charge recorded with it at the checkpoint (its volume's usage, current after the snapshot's
-//! commit, plus what that instance had inherited); materialized, the shared file data. The
-//! instance's limit is the sandbox's minus that (at least 1 byte), set at CRIU's `pre-resume`
-//! stage, before any restored task runs; until then the volume has none, so a restore of a
-//! sandbox at its limit still mounts and restores (`tests/disk_quota_restores.rs`). The
+//! commit, plus what that instance had inherited) less its ghost files, which CRIU writes anew;
+//! materialized, the shared file data, each blob once. The instance's limit is the sandbox's
+//! minus that (at least 1 byte), set once the overlay is mounted and before CRIU runs; only the
+//! mount goes without one, so a restore of a sandbox at its limit still mounts, and CRIU's
+//! ghost files count (a checkpoint whose ghosts would not fit is refused; see
+//! `tests/disk_quota_restores.rs`). The
 //! inherited charge is an upper bound: bytes of it the sandbox deletes stay counted. So a
 //! restore installs a snapshot only while its charge is within a slack (16 MiB, or a sixteenth
 //! of the limit) of the layer's file data, and otherwise materializes, which charges the new

@@ -316,10 +316,18 @@ fn take(
         super::restore::check_image_paths(&images_dir, &slot.paths.merged(rec.instance));
     drop(frozen.guard);
     t.frozen_total = ms(frozen.since);
-    restorable.map_err(|source| CheckpointError::Unrestorable {
+    let report = restorable.map_err(|source| CheckpointError::Unrestorable {
         id: id.clone(),
         source,
     })?;
+    if rec.userns.is_none() && report.dev_tty > 0 {
+        return Err(CheckpointError::Unsupported {
+            id: id.clone(),
+            state: super::unrestorable::UnsupportedState::DevTtyInHostUserns {
+                count: report.dev_tty,
+            },
+        });
+    }
     if rec.userns.is_some() && !own_netns {
         super::unrestorable::check_tcp_images(&images_dir).map_err(|state| {
             CheckpointError::Unsupported {
@@ -368,6 +376,13 @@ fn take(
     for name in names {
         criu.push(art(&format!("criu/{name}"))?);
     }
+    ghosts_fit(
+        rt,
+        &rec,
+        &slot.paths.instance(rec.instance),
+        upper_bytes,
+        &criu,
+    )?;
     let mut manifest = Manifest {
         format: FORMAT_VERSION,
         sandbox: id.clone(),
@@ -428,6 +443,39 @@ fn take(
         context_digest: manifest.context.artifact.digest.clone(),
         timings_ms: t,
         created_unix_ms: manifest.created_unix_ms,
+    })
+}
+
+/// Refuses a checkpoint whose ghost files (`criu/ghost-file-*.img` among `criu`) would not fit
+/// what the sandbox's disk limit leaves once the rest of its upper layer is charged
+/// ([`super::unrestorable::check_ghost_room`]; the charge is `upper_bytes`, or read from the
+/// volume without a snapshot). No limit, no quotas or no ghosts: nothing to check.
+fn ghosts_fit(
+    rt: &Runtime,
+    rec: &super::SandboxRecord,
+    instance: &std::path::Path,
+    upper_bytes: Option<u64>,
+    criu: &[store::Artifact],
+) -> Result<(), CheckpointError> {
+    let ghosts = super::restore::ghost_bytes(criu);
+    let (Some(quota), Some(limit)) = (&rt.quota, rec.spec.disk_max) else {
+        return Ok(());
+    };
+    if ghosts == 0 {
+        return Ok(());
+    }
+    let charged = match upper_bytes {
+        Some(bytes) => bytes,
+        None => crate::quota::Volume::open(instance)
+            .and_then(|v| v.usage())
+            .map(|u| super::restore::charged_bytes(quota, rec, u.referenced))
+            .unwrap_or(0),
+    };
+    super::unrestorable::check_ghost_room(ghosts, charged, limit).map_err(|state| {
+        CheckpointError::Unsupported {
+            id: rec.id.clone(),
+            state,
+        }
     })
 }
 

@@ -33,8 +33,8 @@ use crate::sys;
 
 mod error;
 mod upper;
-pub use error::{RestoreError, StageError};
-pub(crate) use upper::charged_bytes;
+pub use error::RestoreError;
+pub(crate) use upper::{charged_bytes, ghost_bytes};
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
@@ -98,8 +98,8 @@ pub fn restore(
     let t_fs = Instant::now();
     let from_snapshot = upper::from_snapshot(rt, &rec, &slot.paths, n, &store, manifest.as_ref());
     if !from_snapshot {
-        // With a checkpoint the limit is set at CRIU's pre-resume stage (`upper::apply_limit`),
-        // once what the instance inherits is known; a restart from the image gets it now.
+        // With a checkpoint the limit is set once the overlay is mounted (`upper::apply_limit`),
+        // before CRIU writes anything; a restart from the image gets it now.
         let limit = rec.spec.disk_max.filter(|_| manifest.is_none());
         let dir = slot.paths.instance(n);
         crate::quota::remove_instance_dir(&dir)
@@ -179,7 +179,13 @@ pub fn restore(
             _ => (None, 0),
         },
     };
-    let inherited = upper::inherited_bytes(rt, manifest.as_ref(), from_snapshot, shared_bytes);
+    let inherited = upper::inherited_bytes(
+        rt,
+        manifest.as_ref(),
+        layer.as_ref(),
+        from_snapshot,
+        shared_bytes,
+    );
     let context = match &manifest {
         Some(m) => store.read_context(m)?,
         None => Vec::new(),
@@ -206,6 +212,12 @@ pub fn restore(
                 source,
             }));
         }
+    }
+    // The disk limit, before CRIU writes into the instance (ghost files): only the mount,
+    // above, ran without one, so that a sandbox at its limit can still be mounted.
+    if let Err(e) = upper::apply_limit(rt, &rec, &slot.paths.instance(n), inherited) {
+        drop(instance);
+        return Err(discard(CreateError::from(e).into()));
     }
 
     t.mount = ms(t_mount);
@@ -257,13 +269,12 @@ pub fn restore(
             let ns_last_pid = m.ns_last_pid;
             let mut restored_list = None;
             let mut netns_lock = None;
-            let mut on_stage = |stage, pid| -> Result<(), StageError> {
+            let mut on_stage = |stage, pid| {
                 match stage {
                     RestoreStage::Namespaces => {
                         netns_lock = super::netns::ready_restored(&id, pid)?;
                     }
                     RestoreStage::PreResume => {
-                        upper::apply_limit(rt, &rec, &slot.paths.instance(n), inherited)?;
                         if let Some(last) = ns_last_pid {
                             let t_pid = Instant::now();
                             match super::pid_counter::write(pid, last) {

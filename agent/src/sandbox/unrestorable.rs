@@ -11,6 +11,10 @@
 //!   sockets need no repair mode and are fine.
 //! - **A non-default personality.** CRIU reads `/proc/<pid>/personality` at dump and never
 //!   sets it at restore: the process would silently come back as `PER_LINUX`.
+//! - **`/dev/tty` open in a sandbox of the host's user namespace.** CRIU re-opens such a
+//!   descriptor and `fchown`s it; there `/dev/tty` is the host's node bound read-only (its root
+//!   would have `CAP_FOWNER` over it), so the restore would fail with `EROFS`. Found in the
+//!   dump's `tty-info.img` by the path check.
 //! - **POSIX message queues.** CRIU cannot dump an fd of the `mqueue` filesystem (it looks for
 //!   the fd's mount in the sandbox's mount namespace and fails); found when a dump failed,
 //!   to say why.
@@ -47,6 +51,31 @@ pub enum UnsupportedState {
         /// Its personality.
         value: u32,
     },
+    /// A process holds `/dev/tty` open in a sandbox of the host's user namespace, whose
+    /// `/dev/tty` is a read-only bind of the host's node: CRIU's restore `fchown`s such a
+    /// descriptor and fails with `EROFS` (with a private user namespace `/dev/tty` is writable
+    /// and this restores).
+    #[error(
+        "{count} descriptor(s) of /dev/tty in a sandbox of the host's user namespace: CRIU's \
+         restore fchowns them, and there /dev/tty is the host's node bound read-only"
+    )]
+    DevTtyInHostUserns {
+        /// Descriptors found in the images.
+        count: usize,
+    },
+    /// The dump's ghost files (files deleted while open, which CRIU copies into its images and
+    /// writes back at restore, each up to `criu_ghost_limit_bytes`) would not fit in what the
+    /// sandbox's disk limit leaves: the restore would fail writing them.
+    #[error(
+        "the dump holds {ghost_bytes} bytes of files deleted while open, more than the \
+         {room} bytes the sandbox's disk limit leaves for writing them back at restore"
+    )]
+    GhostsOverDiskRoom {
+        /// Bytes of the ghost-file images.
+        ghost_bytes: u64,
+        /// The limit minus the rest of the upper layer's charge.
+        room: u64,
+    },
     /// A process holds a POSIX message queue.
     #[error("process {pid} holds a POSIX message queue (fd {fd}): CRIU cannot dump mqueue files")]
     PosixMqueue {
@@ -69,6 +98,21 @@ pub fn check_frozen(pids: &[i32]) -> Result<(), UnsupportedState> {
                 return Err(UnsupportedState::Personality { pid, value });
             }
         }
+    }
+    Ok(())
+}
+
+/// Checks that `ghost_bytes` of ghost files fit a restore of a sandbox with disk limit
+/// `limit` whose upper layer is charged `charged` bytes, ghosts included (their extents stay
+/// allocated while open): the restore writes them back on top of the rest.
+pub fn check_ghost_room(
+    ghost_bytes: u64,
+    charged: u64,
+    limit: u64,
+) -> Result<(), UnsupportedState> {
+    let room = limit.saturating_sub(charged.saturating_sub(ghost_bytes));
+    if ghost_bytes > room {
+        return Err(UnsupportedState::GhostsOverDiskRoom { ghost_bytes, room });
     }
     Ok(())
 }
@@ -134,5 +178,19 @@ mod tests {
         let me = std::process::id() as i32;
         assert_eq!(check_frozen(&[me]), Ok(()));
         assert_eq!(diagnose_dump_failure(&[me]), None);
+    }
+
+    #[test]
+    fn ghosts_must_fit_what_the_limit_leaves() {
+        // 10 MiB of ghosts in a 15 MiB layer under 32 MiB: 27 MiB left for them.
+        assert_eq!(check_ghost_room(10 << 20, 15 << 20, 32 << 20), Ok(()));
+        // Clones charged once (20 MiB) but dumped 7 times (140 MiB).
+        assert_eq!(
+            check_ghost_room(140 << 20, 20 << 20, 32 << 20),
+            Err(UnsupportedState::GhostsOverDiskRoom {
+                ghost_bytes: 140 << 20,
+                room: 32 << 20
+            })
+        );
     }
 }

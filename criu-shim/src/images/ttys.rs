@@ -10,8 +10,8 @@
 //! refused rather than left to fail at restore (a sandbox that has closed its older ptys
 //! while a newer one stays open, or that holds more than 32 at once).
 //!
-//! `tty-info.img` (type magic `0x59453036`), tty info: 1 `id`, 2 `type` (enum: 1 pty),
-//! 12 `pty` (nested: 1 `index`).
+//! `tty-info.img` (type magic `0x59453036`), tty info: 1 `id`, 2 `type` (enum: 1 pty, 4 ctty:
+//! `/dev/tty`), 12 `pty` (nested: 1 `index`).
 
 use std::path::Path;
 
@@ -24,19 +24,24 @@ const TTY_INFO_MAGIC: u32 = 0x5945_3036;
 const TTY_INFO: &str = "tty-info.img";
 /// `TTY_TYPE__PTY`.
 const TTY_TYPE_PTY: u32 = 1;
+/// `TTY_TYPE__CTTY`: a descriptor of `/dev/tty`.
+const TTY_TYPE_CTTY: u32 = 4;
 
 /// Opens of `ptmx` CRIU makes at most to re-create one pty (the size of its descriptor array):
 /// every pty index below this is restorable in any order.
 pub const PTY_OPEN_TRIES: u32 = 32;
 
-/// The indices of the ptys in `images_dir` (none without a `tty-info.img`), in image order.
+/// The indices of the ptys in `images_dir` (none without a `tty-info.img`), in image order,
+/// and how many `/dev/tty` entries it holds.
 ///
 /// Errors: [`UnsafeImagePath::ReadImage`], [`UnsafeImagePath::DecodeImage`].
-pub(crate) fn pty_indices(images_dir: &Path) -> Result<Vec<u32>, UnsafeImagePath> {
+pub(crate) fn pty_indices(images_dir: &Path) -> Result<(Vec<u32>, usize), UnsafeImagePath> {
     let path = images_dir.join(TTY_INFO);
     let img = match Image::read(&path, TTY_INFO_MAGIC, true) {
         Ok(img) => img,
-        Err(ImageError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(ImageError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok((Vec::new(), 0))
+        }
         Err(ImageError::Io(source)) => {
             return Err(UnsafeImagePath::ReadImage {
                 image: path,
@@ -45,21 +50,34 @@ pub(crate) fn pty_indices(images_dir: &Path) -> Result<Vec<u32>, UnsafeImagePath
         }
         Err(ImageError::Wire(e)) => return Err(decode_error(&path, e)),
     };
-    let mut out = Vec::new();
+    let (mut out, mut dev_tty) = (Vec::new(), 0);
     for (base, msg) in img.entries() {
-        if let Some(index) = pty_index(msg, base).map_err(|e| decode_error(&path, e))? {
-            out.push(index);
+        match pty_index(msg, base).map_err(|e| decode_error(&path, e))? {
+            TtyEntry::Pty(index) => out.push(index),
+            TtyEntry::DevTtyFd => dev_tty += 1,
+            TtyEntry::Other => {}
         }
     }
-    Ok(out)
+    Ok((out, dev_tty))
 }
 
-/// Refuses images holding a pty CRIU may not reach ([`PTY_OPEN_TRIES`]).
+/// What one tty-info entry is.
+enum TtyEntry {
+    /// A pty with this index.
+    Pty(u32),
+    /// `/dev/tty`.
+    DevTtyFd,
+    /// Anything else (console, vt, ...).
+    Other,
+}
+
+/// Refuses images holding a pty CRIU may not reach ([`PTY_OPEN_TRIES`]); returns the number
+/// of ptys and of `/dev/tty` entries.
 ///
 /// Errors: [`UnsafeImagePath::Unsafe`] with [`UnsafeKind::PtyOutOfReach`] (path
 /// `/dev/pts/<index>`), and those of [`pty_indices`].
-pub(crate) fn check_ptys(images_dir: &Path) -> Result<usize, UnsafeImagePath> {
-    let indices = pty_indices(images_dir)?;
+pub(crate) fn check_ptys(images_dir: &Path) -> Result<(usize, usize), UnsafeImagePath> {
+    let (indices, dev_tty) = pty_indices(images_dir)?;
     if let Some(&index) = indices.iter().filter(|&&i| i >= PTY_OPEN_TRIES).max() {
         return Err(UnsafeImagePath::Unsafe {
             image: TTY_INFO.to_string(),
@@ -71,11 +89,11 @@ pub(crate) fn check_ptys(images_dir: &Path) -> Result<usize, UnsafeImagePath> {
             },
         });
     }
-    Ok(indices.len())
+    Ok((indices.len(), dev_tty))
 }
 
-/// The pty index of one tty-info entry, `None` for other ttys.
-fn pty_index(msg: &[u8], base: u64) -> Result<Option<u32>, WireError> {
+/// What one tty-info entry is: a pty (with its index), `/dev/tty`, or another tty.
+fn pty_index(msg: &[u8], base: u64) -> Result<TtyEntry, WireError> {
     let (mut kind, mut index) = (None, None);
     let mut it = Fields::new(msg, base);
     while let Some(f) = it.next() {
@@ -104,12 +122,13 @@ fn pty_index(msg: &[u8], base: u64) -> Result<Option<u32>, WireError> {
         }
     }
     match (kind, index) {
-        (Some(TTY_TYPE_PTY), Some(index)) => Ok(Some(index)),
+        (Some(TTY_TYPE_PTY), Some(index)) => Ok(TtyEntry::Pty(index)),
         (Some(TTY_TYPE_PTY), None) => Err(WireError {
             offset: base,
             what: "pty without an index",
         }),
-        _ => Ok(None),
+        (Some(TTY_TYPE_CTTY), _) => Ok(TtyEntry::DevTtyFd),
+        _ => Ok(TtyEntry::Other),
     }
 }
 
@@ -134,16 +153,17 @@ mod tests {
     #[test]
     fn indices_below_the_reach_pass() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(check_ptys(dir.path()).unwrap(), 0);
+        assert_eq!(check_ptys(dir.path()).unwrap(), (0, 0));
         let console = enc(&[(1, Ok(1)), (2, Ok(2))]);
+        let dev_tty = enc(&[(1, Ok(2)), (2, Ok(4))]);
         write_image(
             dir.path(),
             TTY_INFO,
             TTY_INFO_MAGIC,
-            &[pty(0), pty(31), console],
+            &[pty(0), pty(31), console, dev_tty],
         );
-        assert_eq!(pty_indices(dir.path()).unwrap(), vec![0, 31]);
-        assert_eq!(check_ptys(dir.path()).unwrap(), 2);
+        assert_eq!(pty_indices(dir.path()).unwrap(), (vec![0, 31], 1));
+        assert_eq!(check_ptys(dir.path()).unwrap(), (2, 1));
     }
 
     #[test]

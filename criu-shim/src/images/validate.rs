@@ -36,6 +36,10 @@ pub struct ImagePathReport {
     pub unix_sockets: usize,
     /// Ptys (each re-created by index in a fresh devpts).
     pub ptys: usize,
+    /// Descriptors of `/dev/tty` (a task's controlling terminal opened by that name; CRIU's
+    /// `CTTY` ttys), which CRIU re-opens and `fchown`s at restore: it fails unless the
+    /// restored `/dev/tty` is on a writable mount.
+    pub dev_tty: usize,
     /// `openat2` lookups made in the root.
     pub lookups: usize,
     /// Wall time of the check.
@@ -163,7 +167,7 @@ pub fn validate_restore_paths_allowing(
     check.ghosts(&remaps)?;
     check.reg_files()?;
     check.sockets()?;
-    check.report.ptys = super::ttys::check_ptys(images_dir)?;
+    (check.report.ptys, check.report.dev_tty) = super::ttys::check_ptys(images_dir)?;
     let mut report = check.report;
     report.lookups = check.world.lookups;
     report.elapsed = started.elapsed();

@@ -8,17 +8,6 @@ use crate::sandbox::RecordError;
 use crate::store::StoreError;
 use crate::sys;
 
-/// A step Belayer runs at a stage of the CRIU restore failed.
-#[derive(Debug, thiserror::Error)]
-pub enum StageError {
-    /// Readying or locking the restored network namespace (`post-setup-namespaces`).
-    #[error(transparent)]
-    Netns(#[from] crate::sandbox::netns::NetnsError),
-    /// Setting the restored instance's disk limit (`pre-resume`).
-    #[error("cannot set the restored instance's disk limit")]
-    Limit(#[from] crate::quota::QuotaError),
-}
-
 /// Errors of a restore.
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -125,7 +114,7 @@ pub enum RestoreError {
         id: String,
         /// Cause.
         #[source]
-        source: Box<belayer_criu::HookedRestoreError<StageError>>,
+        source: Box<belayer_criu::HookedRestoreError<crate::sandbox::netns::NetnsError>>,
     },
     /// Store access failed.
     #[error(transparent)]

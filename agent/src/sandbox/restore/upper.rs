@@ -148,32 +148,66 @@ fn snapshot_charge_fits(quota: &QuotaFs, m: &Manifest, limit: Option<u64>) -> Re
 }
 
 /// What restored instance `n` inherits ([`SandboxRecord::inherited_bytes`]): from the
-/// snapshot, the charge recorded with it; materialized, the file data it shares with the blob
+/// snapshot, the charge recorded with it less the checkpoint's ghost files (deleted files
+/// still open, whose extents the recorded charge holds but the new volume does not: CRIU
+/// writes them into it anew, charged); materialized, the file data it shares with the blob
 /// store (`shared_bytes`, placed by `copy_file_range`; its metadata and any data written out
-/// are charged to the new volume). 0 under full qgroups, and without a checkpoint.
+/// are charged to the new volume), each blob counted once however many files it fills. 0
+/// under full qgroups, and without a checkpoint.
 pub(super) fn inherited_bytes(
     rt: &Runtime,
     m: Option<&Manifest>,
+    layer: Option<&LayerManifest>,
     from_snapshot: bool,
     shared_bytes: u64,
 ) -> u64 {
     match (&rt.quota, m) {
         (Some(q), Some(m)) if q.mode() == QuotaMode::Simple => {
             if from_snapshot {
-                m.upper_bytes.unwrap_or(0)
+                m.upper_bytes
+                    .unwrap_or(0)
+                    .saturating_sub(ghost_bytes(&m.criu))
             } else {
-                shared_bytes
+                shared_bytes.min(layer.map_or(0, distinct_blob_bytes))
             }
         }
         _ => 0,
     }
 }
 
+/// Bytes of the ghost-file images (`criu/ghost-file-*.img`) among a checkpoint's CRIU
+/// artifacts `criu`: what CRIU writes into the restored instance for files that were deleted
+/// but open.
+pub(crate) fn ghost_bytes(criu: &[crate::store::Artifact]) -> u64 {
+    criu.iter()
+        .filter(|a| a.path.starts_with("criu/ghost-file-"))
+        .map(|a| a.bytes)
+        .sum()
+}
+
+/// Data bytes of the distinct blobs `layer` refers to (a blob shared by several files, such
+/// as clones, counts once).
+fn distinct_blob_bytes(layer: &LayerManifest) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    layer
+        .entries
+        .iter()
+        .filter_map(|e| match &e.kind {
+            belayer_overlay::layer::EntryKind::Regular {
+                extents,
+                blob: Some(b),
+                ..
+            } if seen.insert(*b) => Some(extents.iter().map(|x| x.len).sum::<u64>()),
+            _ => None,
+        })
+        .sum()
+}
+
 /// Sets the disk limit of restored instance `inst`: the sandbox's limit minus what the
-/// instance inherited, at least 1 byte (0 would not be a limit). Called at CRIU's
-/// `pre-resume` stage, before any restored task runs: until then the volume has no limit, so
-/// the overlay mount and CRIU's own writes (ghost files) succeed for a sandbox at its limit,
-/// which from then on gets `EDQUOT` for every new byte.
+/// instance inherited, at least 1 byte (0 would not be a limit). Called once the overlay is
+/// mounted, before CRIU runs: only the mount (overlayfs writes its work dir and index) goes
+/// without a limit, so that a sandbox at its limit can still be mounted; what CRIU writes
+/// into the instance (ghost files) is charged against the limit like everything after.
 ///
 /// Errors: those of [`Volume::open`] and [`Volume::set_limit`].
 pub(super) fn apply_limit(
