@@ -41,7 +41,7 @@ pub(super) fn from_snapshot(
     let made = (|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let snap = crate::store::snapshot::open(&store.path(&m.checkpoint), expected)?;
         crate::quota::remove_instance_dir(&dir)?;
-        // No limit until `apply_limit`, at CRIU's pre-resume stage.
+        // No limit until `apply_limit`, once the overlay is mounted.
         snap.snapshot(&dir, false, None)?;
         ready_work_dir(&paths.work(n))?;
         Ok(())
