@@ -351,14 +351,13 @@ fn a_descriptor_of_dev_tty_survives() {
 #[test]
 fn a_descriptor_of_dev_tty_with_the_host_userns_fails_the_checkpoint() {
     let d = Daemon::start();
-    d.image("python", &belayer_tests::python_rootfs());
-    let id = d
-        .create_spec(belayer_ipc::SandboxSpec {
-            image: "python".into(),
+    let id = belayer_tests::states::python_sandbox_spec(
+        &d,
+        belayer_ipc::SandboxSpec {
             userns: Some(belayer_ipc::UsernsMode::Host),
             ..Default::default()
-        })
-        .id;
+        },
+    );
     d.sh(&id, "echo one > /root/marker");
     d.checkpoint(&id, 1, b"one");
     let _probe = Probe::python(&d, &id, "dev_tty", DEV_TTY_PROBE);

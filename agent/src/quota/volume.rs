@@ -105,36 +105,22 @@ impl Volume {
     }
 
     /// Snapshots this volume as `dest` (a new name, at most 4039 bytes, in an existing
-    /// directory of the same file system): read-only with `readonly`, else a writable volume
-    /// whose referenced bytes are limited to `limit`. The snapshot's files keep their inode
+    /// directory of the same file system), read-only with `readonly`, without a limit (set
+    /// one with [`Volume::set_limit`]). The snapshot's files keep their inode
     /// numbers, times and data extents, which it shares with this volume (under simple quotas
     /// they stay charged to whichever volume wrote them; the snapshot's qgroup counts what is
     /// written into it later). The kernel writes back this volume's dirty data and commits a
     /// transaction first (a few ms to tens of ms). The ioctl goes through `dest`'s parent, so
-    /// a source volume at its limit can still be snapshotted. If the limit cannot be set, the
-    /// snapshot is deleted again.
+    /// a source volume at its limit can still be snapshotted. If the new name does not open as
+    /// a volume, the snapshot is deleted again.
     ///
     /// Errors: [`QuotaError::InvalidPath`], [`QuotaError::Open`], [`QuotaError::Replaced`]
     /// (this volume's name leads elsewhere now), [`QuotaError::Snapshot`] (`EEXIST`, `ENOSPC`,
-    /// `EXDEV` across file systems, ...), the errors of [`Volume::open`] and
-    /// [`Volume::set_limit`].
-    pub fn snapshot(
-        &self,
-        dest: &Path,
-        readonly: bool,
-        limit: Option<u64>,
-    ) -> Result<Volume, QuotaError> {
+    /// `EXDEV` across file systems, ...), the errors of [`Volume::open`].
+    pub fn snapshot(&self, dest: &Path, readonly: bool) -> Result<Volume, QuotaError> {
         let (dest_parent, name) = split(dest)?;
         let root = open(&self.path, libc::O_DIRECTORY | libc::O_NOFOLLOW)?;
-        let st = rustix::fs::fstat(&root).map_err(|e| QuotaError::Open {
-            path: self.path.clone(),
-            source: e.into(),
-        })?;
-        if st.st_ino != sys::SUBVOL_ROOT_INO || st.st_dev != self.dev {
-            return Err(QuotaError::Replaced {
-                path: self.path.clone(),
-            });
-        }
+        self.still_this(rustix::fs::fstat(&root))?;
         let parent_fd = open(dest_parent, libc::O_DIRECTORY | libc::O_NOFOLLOW)?;
         sys::snap_create(parent_fd.as_fd(), root.as_fd(), name.as_bytes(), readonly).map_err(
             |source| QuotaError::Snapshot {
@@ -143,15 +129,26 @@ impl Volume {
                 source,
             },
         )?;
-        let undo = |e: QuotaError| {
+        Volume::open(dest).inspect_err(|_| {
             let _ = sys::snap_destroy(parent_fd.as_fd(), name.as_bytes());
-            e
-        };
-        let snap = Volume::open(dest).map_err(undo)?;
-        if !readonly {
-            snap.set_limit(limit).map_err(undo)?;
+        })
+    }
+
+    /// Checks that `stat` (of this volume's name, or of an fd opened by it) is still this
+    /// volume's root: the subvolume root inode on this volume's device.
+    ///
+    /// Errors: [`QuotaError::Open`] (the stat failed), [`QuotaError::Replaced`].
+    fn still_this(&self, stat: rustix::io::Result<rustix::fs::Stat>) -> Result<(), QuotaError> {
+        let st = stat.map_err(|e| QuotaError::Open {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        if st.st_ino != sys::SUBVOL_ROOT_INO || st.st_dev != self.dev {
+            return Err(QuotaError::Replaced {
+                path: self.path.clone(),
+            });
         }
-        Ok(snap)
+        Ok(())
     }
 
     /// Whether the subvolume is read-only (`BTRFS_SUBVOL_RDONLY`).
@@ -239,16 +236,11 @@ impl Volume {
             });
         }
         let (_, name) = split(&self.path)?;
-        let st = rustix::fs::statat(&self.parent, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| QuotaError::Open {
-                path: self.path.clone(),
-                source: e.into(),
-            })?;
-        if st.st_ino != sys::SUBVOL_ROOT_INO || st.st_dev != self.dev {
-            return Err(QuotaError::Replaced {
-                path: self.path.clone(),
-            });
-        }
+        self.still_this(rustix::fs::statat(
+            &self.parent,
+            name,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ))?;
         sys::snap_destroy(self.parent.as_fd(), name.as_bytes()).map_err(|source| {
             QuotaError::Delete {
                 path: self.path.clone(),

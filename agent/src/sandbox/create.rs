@@ -171,7 +171,7 @@ pub fn create(
     };
     let result = (|| {
         CheckpointStore::create(&paths.checkpoints())?;
-        make_instance_dir(rt, &rec, &paths, 0)?;
+        make_instance_dir(rt, &paths, 0, rec.spec.disk_max)?;
         let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
         let (pid, start) = up.spawn_init(rt, &rec, &paths)?;
         rec.init_pid = Some(pid);
@@ -223,18 +223,18 @@ fn discard_started(rec: &SandboxRecord, paths: &SandboxPaths) -> bool {
     true
 }
 
-/// Makes the directory of instance `n` (replacing a stale one): a btrfs volume limited to the
-/// sandbox's disk limit (`spec.disk_max`, resolved at creation), which the kernel enforces on
-/// everything the instance writes (`EDQUOT` inside the sandbox past it).
+/// Makes the directory of instance `n` (replacing a stale one): a btrfs volume limited to
+/// `limit` (the sandbox's `spec.disk_max`, resolved at creation; a restore sets it later), which
+/// the kernel enforces on everything the instance writes (`EDQUOT` inside the sandbox past it).
 pub(crate) fn make_instance_dir(
     rt: &Runtime,
-    rec: &SandboxRecord,
     paths: &SandboxPaths,
     n: u32,
+    limit: Option<u64>,
 ) -> Result<(), crate::quota::QuotaError> {
     let dir = paths.instance(n);
     crate::quota::remove_instance_dir(&dir)?;
-    crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, rec.spec.disk_max)?;
+    crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, limit)?;
     Ok(())
 }
 

@@ -101,10 +101,7 @@ pub fn restore(
         // With a checkpoint the limit is set once the overlay is mounted (`upper::apply_limit`),
         // before CRIU writes anything; a restart from the image gets it now.
         let limit = rec.spec.disk_max.filter(|_| manifest.is_none());
-        let dir = slot.paths.instance(n);
-        crate::quota::remove_instance_dir(&dir)
-            .and_then(|()| crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, limit))
-            .map_err(CreateError::from)?;
+        super::create::make_instance_dir(rt, &slot.paths, n, limit).map_err(CreateError::from)?;
     }
     let upper = slot.paths.upper(n);
     fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs {

@@ -31,7 +31,7 @@ pub const UPPER_SNAPSHOT: &str = "upper.snap";
 /// and [`Volume::snapshot`].
 pub fn take(instance: &Path, dir: &Path) -> Result<u64, QuotaError> {
     let vol = Volume::open(instance)?;
-    let snap = vol.snapshot(&dir.join(UPPER_SNAPSHOT), true, None)?;
+    let snap = vol.snapshot(&dir.join(UPPER_SNAPSHOT), true)?;
     Ok(snap.id())
 }
 

@@ -42,7 +42,7 @@ pub(super) fn from_snapshot(
         let snap = crate::store::snapshot::open(&store.path(&m.checkpoint), expected)?;
         crate::quota::remove_instance_dir(&dir)?;
         // No limit until `apply_limit`, once the overlay is mounted.
-        snap.snapshot(&dir, false, None)?;
+        snap.snapshot(&dir, false)?;
         ready_work_dir(&paths.work(n))?;
         Ok(())
     })();
