@@ -4,11 +4,11 @@
 # Runs, against CUDA device $BELAYER_GPU_DEVICE (default cuda:0):
 #   1. the ipc memory unit tests (a real device: export, import, map, unmap/remap, memset,
 #      health check; CUDA placeholders and the C ABI);
-#   2. the multi-process memory tests with BELAYER_TEST_DEVICE set: a `belayer memory-server`
+#   2. the multi-process memory tests with BELAYER_TEST_DEVICE set: a `belayer-memd`
 #      child owns the memory, helper processes attach, are SIGKILLed, a second process imports
 #      and reads identical bytes, the KV arena is flushed, unmap/remap keep the address, leases,
 #      owner-alive detection;
-#   3. `belayer bench memory` on the GPU: a 16 GiB weights layout (1 and 64 regions) plus an
+#   3. `belayer-bench memory` on the GPU: a 16 GiB weights layout (1 and 64 regions) plus an
 #      8 GiB KV arena: server start (cuMemCreate + export + zero), attach in a second process
 #      (fd receipt + cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess), pattern check,
 #      unmap, remap, KV flush; and the host backend for comparison.
@@ -27,28 +27,30 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 device=${BELAYER_GPU_DEVICE:-cuda:0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 
-# Builds the release binaries and prints "belayer ipc-test agent-lib-test memory-test" paths.
+# Builds the release binaries and prints "bench-dir ipc-test workers-lib-test memory-test"
+# paths (bench-dir holds belayer-bench and belayer-memd).
 build() {
   export PATH="$HOME/.cargo/bin:$PATH"
-  cargo build --release -p belayer-agent --bins >&2
+  cargo build --release -p belayer-workers -p belayer-bench --bins >&2
   local ipc agent_lib memory
   exe_of() { sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | head -1; }
   ipc=$(cargo test --release -p belayer-ipc --lib --no-run 2>&1 | tee /dev/stderr | exe_of)
-  agent_lib=$(cargo test --release -p belayer-agent --lib --no-run 2>&1 | tee /dev/stderr | exe_of)
-  memory=$(cargo test --release -p belayer-agent --test memory --no-run 2>&1 | tee /dev/stderr | exe_of)
+  agent_lib=$(cargo test --release -p belayer-workers --lib --no-run 2>&1 | tee /dev/stderr | exe_of)
+  memory=$(cargo test --release -p belayer-workers --test memory --no-run 2>&1 | tee /dev/stderr | exe_of)
   if [ -z "$ipc" ] || [ -z "$agent_lib" ] || [ -z "$memory" ]; then
     echo "gpu-check: could not find the test binaries in cargo's output" >&2
     exit 1
   fi
-  echo "$CARGO_TARGET_DIR/release/belayer $ipc $agent_lib $memory"
+  echo "$CARGO_TARGET_DIR/release $ipc $agent_lib $memory"
 }
 
 if [ "${1:-}" = --prepare ]; then
   dir=${2:?usage: scripts/gpu-check.sh --prepare DIR}
-  read -r belayer ipc agent_lib memory < <(build) || true
+  read -r bins ipc agent_lib memory < <(build) || true
   [ -n "${memory:-}" ] || { echo "gpu-check: build failed" >&2; exit 1; }
   mkdir -p "$dir"
-  strip -o "$dir/belayer" "$belayer"
+  strip -o "$dir/belayer-bench" "$bins/belayer-bench"
+  strip -o "$dir/belayer-memd" "$bins/belayer-memd"
   strip -o "$dir/ipc-test" "$ipc"
   strip -o "$dir/agent-lib-test" "$agent_lib"
   strip -o "$dir/memory-test" "$memory"
@@ -74,18 +76,19 @@ if ! ldconfig -p | grep -q 'libcuda\.so'; then
 fi
 
 if [ -n "${BELAYER_PREBUILT:-}" ]; then
-  belayer=$BELAYER_PREBUILT/belayer
+  bins=$BELAYER_PREBUILT
   ipc=$BELAYER_PREBUILT/ipc-test
   agent_lib=$BELAYER_PREBUILT/agent-lib-test
   memory=$BELAYER_PREBUILT/memory-test
 else
-  read -r belayer ipc agent_lib memory < <(build 2>>"$log") || true
+  read -r bins ipc agent_lib memory < <(build 2>>"$log") || true
 fi
-if [ -z "${memory:-}" ] || [ ! -x "$belayer" ]; then
+bench=${bins:-}/belayer-bench
+if [ -z "${memory:-}" ] || [ ! -x "$bench" ]; then
   say "gpu-check: building the binaries failed (see $log)"
   exit 1
 fi
-say "binaries: $belayer $ipc $agent_lib $memory"
+say "binaries: $bench $ipc $agent_lib $memory"
 
 failed=0
 step() {
@@ -105,16 +108,16 @@ export RUST_BACKTRACE=1
 # The tests print why they skip; with a driver present, none of the CUDA ones may skip.
 step "ipc memory tests (CUDA device tests included)" \
   "$ipc" memory:: --test-threads=1 --nocapture
-step "agent memory unit tests" \
+step "workers memory unit tests" \
   "$agent_lib" memory:: --test-threads=1
 step "multi-process memory tests on $device" \
-  env BELAYER_TEST_DEVICE="$device" BELAYER_BIN="$belayer" "$memory" --test-threads=1
+  env BELAYER_TEST_DEVICE="$device" BELAYER_MEMD="$bins/belayer-memd" "$memory" --test-threads=1
 step "bench: 1 GiB and 16 GiB weights (1 region) + 8 GiB KV arena on $device" \
-  "$belayer" bench memory --device "$device" --sizes 1G,16G --kv 8G --runs 20
+  "$bench" memory --device "$device" --sizes 1G,16G --kv 8G --runs 20
 step "bench: 16 GiB weights in 64 regions on $device" \
-  "$belayer" bench memory --device "$device" --sizes 16G --regions 64 --runs 20
+  "$bench" memory --device "$device" --sizes 16G --regions 64 --runs 20
 step "bench: host backend, 1, 8, 64 GiB (for comparison)" \
-  "$belayer" bench memory --device host --sizes 1G,8G,64G --kv 8G --runs 20
+  "$bench" memory --device host --sizes 1G,8G,64G --kv 8G --runs 20
 
 # Skips that mean "no usable GPU" (the no-driver tests legitimately skip when a driver exists).
 if grep -qE 'skipping: (no CUDA driver|CUDA device [0-9]+ unavailable)|but no CUDA driver is present' "$log"; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job (as root): machine set-up, release build, then the rollout workload on its built-in
-# defaults. Until `belayer rollout` exists, runs the checkpoint benchmark instead.
+# defaults (the daemon at $BELAYER_SOCKET when one answers, else a private `belayerd` child).
 #
 # Usage: scripts/run.sh [arguments for `belayer rollout`]
 # Environment: CARGO_TARGET_DIR (default: the repository's target/), BELAYER_CACHE (see scripts/setup.sh).
@@ -14,9 +14,4 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release --bins
 
-belayer="$CARGO_TARGET_DIR/release/belayer"
-if "$belayer" rollout --help >/dev/null 2>&1; then
-  exec "$belayer" rollout "$@"
-fi
-echo "[run] 'belayer rollout' is not available: running 'belayer bench checkpoint'" >&2
-exec "$belayer" bench checkpoint
+exec "$CARGO_TARGET_DIR/release/belayer" rollout "$@"

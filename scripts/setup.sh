@@ -37,7 +37,7 @@ PYTHON_PACKAGES=python3,tmux,vim-tiny,inotify-tools,procps
 BUSYBOX_ROOTFS="$IMAGES/busybox/rootfs"
 PYTHON_ROOTFS="$IMAGES/bookworm-python/rootfs"
 PYTHON_TARBALL="$IMAGES/bookworm-python.tar.zst"
-# The daemon's state dir must be on btrfs with quotas (agent/src/quota: one subvolume + qgroup
+# The daemon's state dir must be on btrfs with quotas (agent/daemon/src/quota: one subvolume + qgroup
 # limit per sandbox instance). Where it is not, a btrfs image in the cache is mounted there.
 STATE_DIR=/var/lib/belayer
 STATE_IMAGE="$CACHE/state.btrfs"
@@ -53,7 +53,7 @@ apt_packages=(
   busybox-static debootstrap debian-archive-keyring iproute2 xz-utils zstd tar
   # CRIU runs iptables-restore to lock the network of a sandbox in its own net namespace
   iptables
-  # `belayer bench capture` compares against runc checkpoint/restore
+  # `belayer-bench capture` compares against runc checkpoint/restore
   runc
   # test helpers, rustup bootstrap, shell lint
   python3 curl ca-certificates util-linux kmod shellcheck

@@ -672,6 +672,7 @@ mod tests {
                     failure_rate_per_s: None,
                     checkpoint_timeout_s: Some(10.0),
                     cooldown_s: None,
+                    ..Default::default()
                 }),
             }),
             Request::ContextAppend {
@@ -760,7 +761,7 @@ mod tests {
                 decision: DecisionInfo {
                     step: 4,
                     checkpoint: true,
-                    reason: "benefit".to_owned(),
+                    reason: crate::DecisionReason::Benefit,
                     p: 0.05,
                     regen_cost_s: 50.0,
                     c_s: 0.3,

@@ -77,6 +77,8 @@ pub mod ffi;
 pub mod frame;
 pub mod memory;
 pub mod message;
+pub mod policy;
+pub mod text;
 pub mod transport;
 
 pub use frame::{
@@ -98,6 +100,13 @@ pub use transport::{
     Quota, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, Subscription,
     WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE, MAX_REQUEST_FDS,
 };
+
+pub use policy::{BadDecisionReason, BadPolicyKind, DecisionReason, PolicyKind};
+pub use text::{command_line, parse_bytes, shell_quote};
+
+/// Default socket path of `belayerd` (every client's default; `BELAYER_SOCKET` overrides it in
+/// the command-line tools and the Python package).
+pub const DEFAULT_SOCKET: &str = "/run/belayer/belayer.sock";
 
 /// `err` and its chain of sources, joined with `": "` (for error replies, reports and log
 /// fields).

@@ -586,7 +586,15 @@ pub struct PolicySpec {
     pub checkpoint_timeout_s: Option<f64>,
     /// Cooldown after a timed-out checkpoint, seconds.
     pub cooldown_s: Option<f64>,
+    /// c_t before the sandbox's first checkpoint was measured, seconds (default 1).
+    pub initial_checkpoint_cost_s: Option<f64>,
+    /// LLM response times, seconds, that seed the distribution of T before any step reported
+    /// one (e.g. a recorded distribution); at most [`MAX_RESPONSE_SAMPLES`] are kept.
+    pub response_samples_s: Vec<f64>,
 }
+
+/// Most response-time samples a [`PolicySpec`] may carry.
+pub const MAX_RESPONSE_SAMPLES: usize = 4096;
 
 /// One step's timing for the checkpoint policy of a sandbox, right after action `prefix`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -619,8 +627,9 @@ pub struct DecisionInfo {
     pub step: u64,
     /// Whether the policy said checkpoint.
     pub checkpoint: bool,
-    /// Why: `benefit`, `cost`, `cooldown`, `always`, `never`, `every_n`, `restart`, `clean`.
-    pub reason: String,
+    /// Why (its text form on the wire: `benefit`, `cost`, `cooldown`, `always`, `never`,
+    /// `every_n`, `restart`, `clean`).
+    pub reason: crate::DecisionReason,
     /// p_t.
     pub p: f64,
     /// C_t, seconds.

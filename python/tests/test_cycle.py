@@ -52,6 +52,7 @@ def test_maybe_checkpoint_follows_the_policy(client: belayer.Client) -> None:
         d = sb.maybe_checkpoint(1, b"c1", step_duration_s=30.0, policy=never)
         assert not d.checkpointed and d.reason == "never" and d.regen_cost_s == 30.0
         adaptive = belayer.Policy(kind="adaptive", failure_p=0.5)
+        sb.exec("echo two > /root/state")
         d = sb.maybe_checkpoint(2, b"c2", step_duration_s=30.0, llm_response_s=20.0,
                                 policy=adaptive)
         assert d.checkpointed and d.reason == "benefit" and d.checkpoint_prefix == 2
@@ -61,9 +62,26 @@ def test_maybe_checkpoint_follows_the_policy(client: belayer.Client) -> None:
         with pytest.raises(belayer.BadRequestError, match="sometimes"):
             sb.maybe_checkpoint(4, step_duration_s=1.0, policy=belayer.Policy(kind="sometimes"))
         # A tiny failure probability: the adaptive policy skips.
+        sb.exec("echo five > /root/state")
         d = sb.maybe_checkpoint(5, step_duration_s=1.0, regen_cost_s=1.0,
                                 policy=belayer.Policy(failure_p=1e-6))
         assert not d.checkpointed and d.reason == "cost"
+
+
+def test_maybe_checkpoint_skips_clean_steps(client: belayer.Client) -> None:
+    """The daemon records each action's dirtiness: a read-only step is skipped as clean, a
+    writing one checkpoints."""
+    with client.create_sandbox("busybox") as sb:
+        eager = belayer.Policy(kind="adaptive", failure_p=0.5)
+        assert sb.exec("cat /etc/passwd").ok
+        d = sb.maybe_checkpoint(1, b"c1", step_duration_s=1.0, regen_cost_s=1000.0, policy=eager)
+        assert not d.checkpointed and d.reason == "clean"
+        assert sb.exec("echo one > /root/state").ok
+        d = sb.maybe_checkpoint(2, b"c2", step_duration_s=1.0, regen_cost_s=1000.0)
+        assert d.checkpointed and d.reason == "benefit" and d.checkpoint_prefix == 2
+        assert sb.exec("cat /root/state").stdout == b"one\n"
+        d = sb.maybe_checkpoint(3, b"c3", step_duration_s=1.0, regen_cost_s=1000.0)
+        assert not d.checkpointed and d.reason == "clean"
 
 
 def test_context_log_round_trips(client: belayer.Client) -> None:

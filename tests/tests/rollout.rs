@@ -11,7 +11,7 @@ use serde_json::Value;
 fn rollout_under_every_policy_with_failures() {
     let d = Daemon::start();
     let out = tempfile::tempdir().unwrap();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/trajectories");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/cli/trajectories");
     let files = [
         "sweagent__0.00__p-0.95__c-3.00__install-1_swe-agent__test-repo-i1.jsonl",
         "openhands__basic_gui_mode.jsonl",
@@ -103,6 +103,21 @@ fn rollout_under_every_policy_with_failures() {
         let text = std::fs::read_to_string(out.path().join(f)).unwrap();
         assert!(!text.is_empty(), "{f} is empty");
     }
-    // The context logs hold every boundary of the last run.
-    assert!(out.path().join("context").is_dir());
+    // The daemon holds the context logs L_k, one per trajectory and run.
+    let mut logs = Vec::new();
+    let mut dirs = vec![d.state_dir.join("contexts")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+            } else {
+                logs.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    for f in files {
+        let stem = f.trim_end_matches(".jsonl");
+        let runs = logs.iter().filter(|l| l.contains(stem)).count();
+        assert!(runs >= 6, "{stem}: {runs} context logs in {logs:?}");
+    }
 }

@@ -1080,6 +1080,7 @@ pub unsafe extern "C" fn belayer_maybe_checkpoint(
                 failure_rate_per_s: opt_non_negative(p.failure_rate_per_s),
                 checkpoint_timeout_s: opt_non_negative(p.checkpoint_timeout_s),
                 cooldown_s: opt_non_negative(p.cooldown_s),
+                ..Default::default()
             }),
         };
         let req = MaybeCheckpointRequest {
@@ -1097,7 +1098,7 @@ pub unsafe extern "C" fn belayer_maybe_checkpoint(
                 let d = &r.decision;
                 let mut decision = BelayerDecision {
                     checkpointed: r.checkpointed,
-                    reason: reason_code(&d.reason),
+                    reason: reason_code(d.reason.as_str()),
                     p: d.p,
                     regen_cost_s: d.regen_cost_s,
                     c_s: d.c_s,

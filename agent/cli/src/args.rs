@@ -1,0 +1,321 @@
+//! The `belayer` command line (clap): global flags, subcommands and their arguments.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use belayer_ipc::DEFAULT_SOCKET;
+use clap::{Args, Parser, Subcommand};
+
+/// `belayer` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "belayer",
+    version,
+    about = "Fault-tolerant sandboxes for agentic RL rollouts"
+)]
+pub struct Cli {
+    /// Socket of belayerd.
+    #[arg(long, global = true, env = "BELAYER_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Daemon status.
+    Status,
+    /// Manage images (read-only lower layers).
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Manage sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCmd),
+    /// Run one action in a sandbox; exits with the action's exit code.
+    Exec(ExecArgs),
+    /// Take a full checkpoint C_k at action boundary k (`checkpoint ID --prefix K`), or list
+    /// the checkpoints of a sandbox (`checkpoint ls ID`).
+    Checkpoint(CheckpointCmd),
+    /// Restore a sandbox from its ready checkpoint into a fresh instance.
+    Restore(RestoreArgs),
+    /// Old spelling of `checkpoint ls ID`.
+    #[command(hide = true)]
+    Checkpoints {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Drop checkpoints by age or rollout tag.
+    Gc(GcArgs),
+    /// Agentic rollouts on recorded trajectories under failure injection, with a report.
+    Rollout(crate::rollout::RolloutArgs),
+    /// Benchmarks: runs `belayer-bench ARGS...` (installed next to `belayer`).
+    #[command(disable_help_flag = true)]
+    Bench(Forwarded),
+    /// A memory server owning model weights or the KV-cache arena: runs `belayer-memd
+    /// --socket SOCKET ARGS...`.
+    #[command(disable_help_flag = true)]
+    MemoryServer(Forwarded),
+    /// The deterministic reference LLM engine: runs `belayer-toy-engine ARGS...`.
+    #[command(disable_help_flag = true)]
+    ToyEngine(Forwarded),
+    /// The rollout router: runs `belayer-router ARGS...`.
+    #[command(disable_help_flag = true)]
+    Router(Forwarded),
+}
+
+/// Arguments handed unchanged to another Belayer program (see [`crate::forward`]).
+#[derive(Debug, Args)]
+pub struct Forwarded {
+    /// Arguments of the program.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub args: Vec<OsString>,
+}
+
+/// `belayer image ...`
+#[derive(Debug, Subcommand)]
+pub enum ImageCmd {
+    /// Import a rootfs directory or a tar (plain, gzip, zstd) as image NAME.
+    ///
+    /// The source is opened by this command with your own rights and passed to belayerd as
+    /// a descriptor: belayerd reads only what you can read (a directory is walked as your
+    /// uid and groups). Device nodes are refused, except under the source's top-level /dev,
+    /// where they are left out (every sandbox has its own /dev).
+    Import {
+        /// Image name.
+        name: String,
+        /// Directory or archive, readable by you.
+        path: PathBuf,
+    },
+    /// List images.
+    Ls,
+    /// Remove an image no sandbox uses.
+    Rm {
+        /// Image name.
+        name: String,
+    },
+}
+
+/// `belayer sandbox ...`
+#[derive(Debug, Subcommand)]
+pub enum SandboxCmd {
+    /// Create a sandbox; prints its id.
+    Create(CreateArgs),
+    /// List sandboxes.
+    Ls,
+    /// Describe a sandbox.
+    Inspect {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Remove a sandbox and its checkpoints.
+    Rm {
+        /// Sandbox id.
+        id: String,
+    },
+}
+
+/// Arguments of `sandbox create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Image name.
+    #[arg(long)]
+    pub image: String,
+    /// Memory limit in bytes (suffixes K, M, G accepted).
+    #[arg(long, value_parser = belayer_ipc::parse_bytes)]
+    pub memory_max: Option<u64>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids_max: Option<u64>,
+    /// Disk limit in bytes of the sandbox's upper layer (suffixes K, M, G, T accepted; default:
+    /// the daemon's `default_disk_max_bytes`, 10 GiB unless configured).
+    #[arg(long, value_parser = belayer_ipc::parse_bytes)]
+    pub disk_max: Option<u64>,
+    /// Environment variable of every action, K=V (repeatable).
+    #[arg(long = "env", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Rollout tag (for `gc --tag`).
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// CPU bandwidth limit in CPUs, e.g. 1.5 (default: the daemon's `default_cpus`).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// User namespace: `private` (default: root inside is an unprivileged host uid) or
+    /// `host` (explicit opt-in: root inside is host root).
+    #[arg(long, value_parser = parse_userns)]
+    pub userns: Option<belayer_ipc::UsernsMode>,
+}
+
+/// Parses `--userns`.
+fn parse_userns(s: &str) -> Result<belayer_ipc::UsernsMode, String> {
+    match s {
+        "private" => Ok(belayer_ipc::UsernsMode::Private),
+        "host" => Ok(belayer_ipc::UsernsMode::Host),
+        _ => Err(format!("{s:?}: expected `private` or `host`")),
+    }
+}
+
+/// Arguments of `exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Timeout in seconds (fractions allowed).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Extra environment, K=V (repeatable).
+    #[arg(long = "env", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Bytes of stdout and of stderr to keep.
+    #[arg(long, value_parser = belayer_ipc::parse_bytes)]
+    pub output_limit: Option<u64>,
+    /// The command (one argument is run by `sh -c`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// `belayer checkpoint ...`: take one, or a subcommand.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct CheckpointCmd {
+    /// What to do instead of taking a checkpoint.
+    #[command(subcommand)]
+    pub action: Option<CheckpointAction>,
+    /// Take a checkpoint.
+    #[command(flatten)]
+    pub take: CheckpointArgs,
+}
+
+/// `belayer checkpoint <subcommand>`.
+#[derive(Debug, Subcommand)]
+pub enum CheckpointAction {
+    /// List the published checkpoints of a sandbox, up to the ready one.
+    Ls {
+        /// Sandbox id.
+        id: String,
+    },
+}
+
+/// Arguments of `checkpoint ID --prefix K`.
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// Sandbox id.
+    #[arg(required = true)]
+    pub id: Option<String>,
+    /// Action boundary k of the trajectory prefix.
+    #[arg(long, required = true)]
+    pub prefix: Option<u64>,
+    /// File holding the LLM context L_k (stored as opaque bytes).
+    #[arg(long)]
+    pub context: Option<PathBuf>,
+}
+
+/// Arguments of `restore`.
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Write the restored L_k to this file (JSON then names it as `context_file`).
+    #[arg(long)]
+    pub context_out: Option<PathBuf>,
+    /// Check the restored upper layer and process list against the checkpoint.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+/// Arguments of `gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Drop checkpoints older than this many seconds (the ready one of a sandbox is kept).
+    #[arg(long)]
+    pub older_than: Option<u64>,
+    /// Drop every checkpoint of the sandboxes with this rollout tag.
+    #[arg(long)]
+    pub tag: Option<String>,
+}
+
+/// Parses `K=V`.
+pub fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected K=V, got {s:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envs() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert!(parse_env("=x").is_err());
+        assert!(parse_env("x").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "belayer",
+            "exec",
+            "sb-1",
+            "--timeout",
+            "2",
+            "--",
+            "ls",
+            "-la",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Exec(a) => assert_eq!(a.command, vec!["ls", "-la"]),
+            _ => panic!("wrong command"),
+        }
+        let cli = Cli::try_parse_from([
+            "belayer",
+            "sandbox",
+            "create",
+            "--image",
+            "py",
+            "--disk-max",
+            "64M",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Sandbox(SandboxCmd::Create(a)) => assert_eq!(a.disk_max, Some(64 << 20)),
+            _ => panic!("wrong command"),
+        }
+        let cli = Cli::try_parse_from(["belayer", "checkpoint", "ls", "sb-1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Checkpoint(CheckpointCmd {
+                action: Some(CheckpointAction::Ls { ref id }),
+                ..
+            }) if id == "sb-1"
+        ));
+        let cli = Cli::try_parse_from(["belayer", "checkpoint", "sb-1", "--prefix", "3"]).unwrap();
+        match cli.command {
+            Command::Checkpoint(c) => {
+                assert!(c.action.is_none());
+                assert_eq!(c.take.id.as_deref(), Some("sb-1"));
+                assert_eq!(c.take.prefix, Some(3));
+            }
+            _ => panic!("wrong command"),
+        }
+        assert!(Cli::try_parse_from(["belayer", "checkpoint", "sb-1"]).is_err());
+        assert!(Cli::try_parse_from(["belayer", "checkpoints", "sb-1"]).is_ok());
+        let cli = Cli::try_parse_from(["belayer", "bench", "capture", "--runs", "3"]).unwrap();
+        match cli.command {
+            Command::Bench(f) => assert_eq!(f.args, ["capture", "--runs", "3"]),
+            _ => panic!("wrong command"),
+        }
+    }
+}

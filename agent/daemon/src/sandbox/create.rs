@@ -1,0 +1,424 @@
+//! `create`: a new sandbox, and the shared steps that bring up an instance (also used by
+//! restore): user namespace, overlay mount (the image idmapped into the sandbox's id range,
+//! `nodev,nosuid`), cgroup, init.
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use belayer_ipc::{ErrorCode, SandboxSpec, UsernsMode};
+use belayer_overlay::{MountOptions, OverlayMount};
+
+use super::{RecordError, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
+use crate::cgroup::{CgroupError, CpuMax, SandboxCgroup};
+use crate::helper::init::USERNS_FD;
+use crate::helper::HELPER_ARG;
+use crate::images::{valid_name, ImageError};
+use crate::runtime::Runtime;
+use crate::store::{CheckpointStore, StoreError};
+use crate::sys;
+
+/// Errors of sandbox creation (and of bringing up a fresh instance).
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The spec is invalid.
+    #[error("invalid sandbox spec: {0}")]
+    InvalidSpec(String),
+    /// The image does not exist.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// Making the sandbox directories failed.
+    #[error("cannot create sandbox directory {path}")]
+    Dirs {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Mounting the overlay root failed.
+    #[error("cannot mount the sandbox root")]
+    Mount(#[from] belayer_overlay::MountError),
+    /// Creating the cgroup failed.
+    #[error("cannot create the sandbox cgroup")]
+    Cgroup(#[from] CgroupError),
+    /// Starting the init helper failed.
+    #[error("cannot start the sandbox init helper")]
+    SpawnInit(#[source] std::io::Error),
+    /// The init helper reported an error.
+    #[error("sandbox init failed: {0}")]
+    Init(String),
+    /// Persisting state failed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// Opening the checkpoint store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The user namespace could not be made (or no id range is free).
+    #[error(transparent)]
+    Userns(#[from] crate::userns::UsernsError),
+    /// The disk limit is invalid, cannot be enforced here, or its volume could not be made.
+    #[error(transparent)]
+    Quota(#[from] crate::quota::QuotaError),
+    /// Preparing the fresh upper layer (its owner, its `/dev`) failed.
+    #[error("cannot prepare the fresh upper layer {path}")]
+    Chown {
+        /// Path.
+        path: std::path::PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CreateError {
+    /// Protocol error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            CreateError::InvalidSpec(_) => ErrorCode::BadRequest,
+            CreateError::Image(ImageError::Unknown(_)) => ErrorCode::UnknownImage,
+            CreateError::Image(ImageError::InvalidName(_)) => ErrorCode::BadRequest,
+            CreateError::Userns(crate::userns::UsernsError::PoolExhausted { .. }) => {
+                ErrorCode::InvalidState
+            }
+            CreateError::Quota(
+                crate::quota::QuotaError::InvalidLimit { .. }
+                | crate::quota::QuotaError::Unavailable { .. },
+            ) => ErrorCode::BadRequest,
+            _ => ErrorCode::Internal,
+        }
+    }
+}
+
+/// Checks an environment variable pair.
+pub(crate) fn valid_env(key: &str, value: &str) -> bool {
+    !key.is_empty()
+        && !key.contains('=')
+        && !key.contains('\0')
+        && !value.contains('\0')
+        && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Creates and starts a sandbox from `spec`, owned by `owner_uid` (the peer that asked).
+/// Limits the spec leaves open get the daemon's defaults (`default_pids_max`,
+/// `default_memory_max_bytes`, `default_cpus`, `default_disk_max_bytes`, `userns`).
+pub fn create(
+    rt: &Runtime,
+    mut spec: SandboxSpec,
+    owner_uid: u32,
+) -> Result<SandboxSlot, CreateError> {
+    if spec.pids_max.is_none() && rt.config.default_pids_max > 0 {
+        spec.pids_max = Some(rt.config.default_pids_max);
+    }
+    if spec.memory_max.is_none() && rt.config.default_memory_max_bytes > 0 {
+        spec.memory_max = Some(rt.config.default_memory_max_bytes);
+    }
+    if spec.cpus.is_none() && rt.config.default_cpus > 0.0 {
+        spec.cpus = Some(rt.config.default_cpus);
+    }
+    if spec.userns.is_none() {
+        spec.userns = Some(if rt.config.userns == "host" {
+            UsernsMode::Host
+        } else {
+            UsernsMode::Private
+        });
+    }
+    // The limit the sandbox keeps for life (restores make their volumes with it).
+    spec.disk_max = crate::quota::resolve_limit(spec.disk_max, rt.config.default_disk_max_bytes)?;
+    if spec.cpus.is_some_and(|c| CpuMax::from_cpus(c).is_none()) {
+        return Err(CreateError::InvalidSpec(
+            "cpus must be between 0.01 and 65536".into(),
+        ));
+    }
+    let lower = rt.images.rootfs(&spec.image)?;
+    if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
+        return Err(CreateError::InvalidSpec(format!(
+            "bad environment variable {k:?}"
+        )));
+    }
+    if let Some(tag) = spec.tag.as_deref().filter(|t| !valid_name(t)) {
+        return Err(CreateError::InvalidSpec(format!("bad tag {tag:?}")));
+    }
+    if spec.pids_max == Some(0) || spec.memory_max.is_some_and(|m| m < (1 << 20)) {
+        return Err(CreateError::InvalidSpec(
+            "limits too small (pids ≥ 1, memory ≥ 1 MiB)".into(),
+        ));
+    }
+    let id = format!("sb-{}", sys::random_hex(6));
+    let paths = SandboxPaths::new(&rt.config.state_dir, &id);
+    fs::create_dir_all(&paths.dir).map_err(|source| CreateError::Dirs {
+        path: paths.dir.clone(),
+        source,
+    })?;
+    let userns = match spec.userns {
+        Some(UsernsMode::Host) => None,
+        _ => Some(rt.userns.reserve()?),
+    };
+    let mut rec = SandboxRecord {
+        cgroup: rt.cgroup_rel(&id),
+        id,
+        spec,
+        state: SandboxState::Running,
+        instance: 0,
+        init_pid: None,
+        init_start_time: None,
+        created_unix_ms: sys::now_unix_ms(),
+        userns,
+        owner_uid,
+        inherited_bytes: 0,
+    };
+    let result = (|| {
+        CheckpointStore::create(&paths.checkpoints())?;
+        make_instance_dir(rt, &paths, 0, rec.spec.disk_max)?;
+        let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
+        let (pid, start) = up.spawn_init(rt, &rec, &paths)?;
+        rec.init_pid = Some(pid);
+        rec.init_start_time = Some(start);
+        rec.save(&paths)?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            tracing::info!(sandbox = %rec.id, image = %rec.spec.image, pid = ?rec.init_pid, "sandbox created");
+            rt.tracer.track(&rec);
+            let slot = SandboxSlot::new(rec, paths);
+            slot.changes.mark_clean();
+            Ok(slot)
+        }
+        Err(e) => {
+            // An init that started is killed with its cgroup before anything of it is given
+            // back; one that cannot be killed keeps its dir and its id range (never shared).
+            if rec.init_pid.is_some() && !discard_started(&rec, &paths) {
+                return Err(e);
+            }
+            super::remove::delete_sandbox_dir(&paths.dir);
+            if let Some(range) = rec.userns {
+                rt.userns.release(range);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Kills the init of a creation that failed after it started (its record could not be
+/// saved), removes the cgroup, reaps it and unmounts the root. Returns whether the tree is
+/// gone.
+fn discard_started(rec: &SandboxRecord, paths: &SandboxPaths) -> bool {
+    if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
+        if let Err(e) = cg
+            .kill_all(std::time::Duration::from_secs(10))
+            .and_then(|()| cg.remove())
+        {
+            tracing::error!(sandbox = %rec.id, error = %e,
+                            "cannot kill the init of a failed creation; its dir and id range stay reserved");
+            return false;
+        }
+    }
+    if let Some(pid) = rec.init_pid {
+        sys::try_reap(pid);
+    }
+    if let Err(e) = belayer_overlay::unmount(&paths.merged(0)) {
+        tracing::warn!(sandbox = %rec.id, error = %e, "cannot unmount the root of a failed creation");
+    }
+    true
+}
+
+/// Makes the directory of instance `n` (replacing a stale one): a btrfs volume limited to
+/// `limit` (the sandbox's `spec.disk_max`, resolved at creation; a restore sets it later), which
+/// the kernel enforces on everything the instance writes (`EDQUOT` inside the sandbox past it).
+pub(crate) fn make_instance_dir(
+    rt: &Runtime,
+    paths: &SandboxPaths,
+    n: u32,
+    limit: Option<u64>,
+) -> Result<(), crate::quota::QuotaError> {
+    let dir = paths.instance(n);
+    crate::quota::remove_instance_dir(&dir)?;
+    crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, limit)?;
+    Ok(())
+}
+
+/// A freshly mounted overlay and cgroup for instance n, torn down on drop unless kept.
+#[derive(Debug)]
+pub(crate) struct Instance {
+    mount: Option<OverlayMount>,
+    cgroup: Option<SandboxCgroup>,
+    /// A user namespace with the sandbox's map: the idmap of the lower layer, and the
+    /// namespace the init enters (a restore lets CRIU make its own from the images).
+    userns: Option<std::sync::Arc<crate::userns::UserNamespace>>,
+    n: u32,
+}
+
+impl Instance {
+    /// Creates the instance dirs (keeping an already installed upper dir, else handing a
+    /// new one to the sandbox's root), mounts the overlay over `lower` (idmapped into the
+    /// sandbox's range, `nodev,nosuid`) and creates the cgroup with the record's limits.
+    pub(crate) fn prepare(
+        rt: &Runtime,
+        rec: &SandboxRecord,
+        paths: &SandboxPaths,
+        n: u32,
+        lower: &Path,
+    ) -> Result<Instance, CreateError> {
+        let mut instance = Self::mount_only(rt, rec, paths, n, lower)?;
+        instance.create_cgroup(rt, rec)?;
+        Ok(instance)
+    }
+
+    /// Like [`Self::prepare`] without the cgroup, which a restore creates with
+    /// [`Self::create_cgroup`] only once the old instance's cgroup is gone: the new root can
+    /// be mounted and checked while the old instance still stands.
+    pub(crate) fn mount_only(
+        rt: &Runtime,
+        rec: &SandboxRecord,
+        paths: &SandboxPaths,
+        n: u32,
+        lower: &Path,
+    ) -> Result<Instance, CreateError> {
+        let upper = paths.upper(n);
+        // Fresh: missing or empty (a restore without checkpoint makes an empty one); an
+        // installed layer brings its own root owner and `/dev`.
+        let fresh_upper = fs::read_dir(&upper).map_or(true, |mut d| d.next().is_none());
+        for d in [&upper, &paths.work(n), &paths.merged(n)] {
+            fs::create_dir_all(d).map_err(|source| CreateError::Dirs {
+                path: d.to_path_buf(),
+                source,
+            })?;
+        }
+        let userns = rec
+            .userns
+            .map(|range| rt.userns.namespace(range))
+            .transpose()?;
+        if fresh_upper {
+            // The root of the merged tree is the upper dir: it must belong to the sandbox's
+            // root as the image's root does (host root, seen through the idmap).
+            let owner = rec.userns.map_or(0, |r| r.host_base);
+            std::os::unix::fs::chown(&upper, Some(owner), Some(owner))
+                .and_then(|()| crate::helper::mount::dev_skeleton(&upper, owner))
+                .map_err(|source| CreateError::Chown {
+                    path: upper.clone(),
+                    source,
+                })?;
+        }
+        let opts = MountOptions {
+            idmap: userns.as_deref().map(std::os::fd::AsFd::as_fd),
+            nodev: true,
+            nosuid: true,
+            // Decodable file handles: CRIU resolves inotify watches through them.
+            nfs_export: true,
+        };
+        let mount =
+            OverlayMount::mount_with(&[lower], &upper, &paths.work(n), &paths.merged(n), &opts)?;
+        Ok(Instance {
+            mount: Some(mount),
+            cgroup: None,
+            userns,
+            n,
+        })
+    }
+
+    /// Creates the instance's cgroup with the record's limits and the daemon's device
+    /// allow-list (`device_filter`). Shared by creation and restore: a restored instance gets a
+    /// fresh cgroup with the same allow-list. An allow-list that cannot be applied fails
+    /// ([`CgroupError::DeviceFilterUnavailable`], [`CgroupError::DeviceProgram`]): no sandbox
+    /// runs without it.
+    pub(crate) fn create_cgroup(
+        &mut self,
+        rt: &Runtime,
+        rec: &SandboxRecord,
+    ) -> Result<(), CreateError> {
+        let limits = rec.limits(rt.config.device_filter);
+        self.cgroup = Some(SandboxCgroup::create(&rec.cgroup, &limits)?);
+        Ok(())
+    }
+
+    /// The cgroup.
+    pub(crate) fn cgroup(&self) -> &SandboxCgroup {
+        self.cgroup
+            .as_ref()
+            .expect("instance cgroup present until kept")
+    }
+
+    /// Starts the sandbox init through the `init` helper; on success the instance is kept.
+    pub(crate) fn spawn_init(
+        mut self,
+        rt: &Runtime,
+        rec: &SandboxRecord,
+        paths: &SandboxPaths,
+    ) -> Result<(i32, u64), CreateError> {
+        let mut cmd = Command::new(rt.helper.exec_path());
+        cmd.arg(HELPER_ARG)
+            .arg("init")
+            .arg("--root")
+            .arg(paths.merged(self.n))
+            .arg("--hostname")
+            .arg(&rec.id)
+            .arg("--userns")
+            .arg(if self.userns.is_some() {
+                "private"
+            } else {
+                "host"
+            });
+        if let Some(ns) = &self.userns {
+            let fd = std::os::fd::AsFd::as_fd(ns.as_ref()).as_raw_fd();
+            // SAFETY: the closure runs in the forked child before exec and only calls dup2
+            // (async-signal-safe); `fd` stays open in the parent until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::dup2(fd, USERNS_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        for f in self.cgroup().procs_files() {
+            cmd.arg("--procs").arg(f);
+        }
+        for (k, v) in &rec.spec.env {
+            cmd.arg("--env").arg(format!("{k}={v}"));
+        }
+        let out = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(CreateError::SpawnInit)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let pid: i32 = match (out.status.success(), stdout.trim().parse()) {
+            (true, Ok(pid)) => pid,
+            _ => {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                return Err(CreateError::Init(stderr.trim().to_string()));
+            }
+        };
+        let start = sys::process_start_time(pid)
+            .ok_or_else(|| CreateError::Init(format!("init {pid} exited right after start")))?;
+        self.keep();
+        Ok((pid, start))
+    }
+
+    /// Keeps the mount and cgroup alive beyond this guard.
+    pub(crate) fn keep(&mut self) {
+        if let Some(m) = self.mount.take() {
+            m.leak();
+        }
+        self.cgroup.take();
+        self.userns.take();
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.kill_all(std::time::Duration::from_secs(5));
+            if let Err(e) = cg.remove() {
+                tracing::warn!(error = %e, "cannot remove cgroup of a failed instance");
+            }
+        }
+        // The OverlayMount guard unmounts itself.
+        self.mount.take();
+    }
+}

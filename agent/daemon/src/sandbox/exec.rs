@@ -1,0 +1,333 @@
+//! `exec`: one action (a shell command) inside a sandbox.
+//!
+//! The action runs through the `exec` helper ([`crate::helper::exec`]); its stdout and stderr go
+//! to two memfds that the agent reads after the shell exits (bounded by the output limit).
+//! Processes the action leaves in the background keep running inside the sandbox.
+
+use std::fs;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use belayer_ipc::{ErrorCode, ExecRequest, ExecResult};
+
+use super::create::valid_env;
+use super::{SandboxSlot, SandboxState};
+use crate::cgroup::SandboxCgroup;
+use crate::helper::exec::parse_status;
+use crate::helper::init::SANDBOX_PATH;
+use crate::helper::HELPER_ARG;
+use crate::runtime::Runtime;
+use crate::sys::{self, SyscallError};
+
+/// Fd number the status pipe gets in the helper.
+const STATUS_FD: i32 = 3;
+
+/// Errors of an action (not the action's own failure, which is its exit code).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The request is malformed.
+    #[error("invalid exec request: {0}")]
+    Invalid(String),
+    /// The sandbox is not running (failed, or being restored).
+    #[error("sandbox {id} is {state}: restore it first")]
+    NotRunning {
+        /// Sandbox id.
+        id: String,
+        /// Its state.
+        state: &'static str,
+    },
+    /// Setting up the helper failed.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
+    /// Starting or waiting for the helper failed.
+    #[error("exec helper for sandbox {id} failed")]
+    Helper {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The helper could not run the action (e.g. the sandbox died meanwhile).
+    #[error("cannot run action in sandbox {id}: {message}")]
+    Enter {
+        /// Sandbox id.
+        id: String,
+        /// The helper's message.
+        message: String,
+    },
+}
+
+impl ExecError {
+    /// Protocol error code.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ExecError::Invalid(_) => ErrorCode::BadRequest,
+            ExecError::NotRunning { .. } => ErrorCode::InvalidState,
+            _ => ErrorCode::ExecFailed,
+        }
+    }
+}
+
+pub use belayer_ipc::command_line;
+
+/// Runs `req` in the sandbox of `slot`. Holds the sandbox's verb lock for the whole action.
+pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecResult, ExecError> {
+    if req.argv.is_empty() || req.argv.iter().any(|a| a.contains('\0')) {
+        return Err(ExecError::Invalid(
+            "empty command or NUL byte in the command".into(),
+        ));
+    }
+    if let Some((k, _)) = req.env.iter().find(|(k, v)| !valid_env(k, v)) {
+        return Err(ExecError::Invalid(format!(
+            "bad environment variable {k:?}"
+        )));
+    }
+    if req
+        .cwd
+        .as_deref()
+        .is_some_and(|c| c.contains('\0') || !c.starts_with('/'))
+    {
+        return Err(ExecError::Invalid("cwd must be an absolute path".into()));
+    }
+    let _op = slot.lock_op();
+    slot.drain_outputs();
+    let rec = slot.refresh();
+    if !rec.state.can_exec() || !rec.init_alive() {
+        let state = if rec.state == SandboxState::Running {
+            "failed"
+        } else {
+            rec.state.as_str()
+        };
+        return Err(ExecError::NotRunning {
+            id: rec.id.clone(),
+            state,
+        });
+    }
+    let (pid, start) = (rec.init_pid.unwrap_or(0), rec.init_start_time.unwrap_or(0));
+    // Both outputs travel in one response frame: keep them well inside its maximum.
+    let limit = req
+        .output_limit
+        .unwrap_or(rt.config.output_limit_bytes)
+        .min(u64::from(rt.config.max_frame_bytes) / 4);
+    let timeout_ms = req
+        .timeout_ms
+        .or_else(|| (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000));
+    let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|e| ExecError::Enter {
+        id: rec.id.clone(),
+        message: e.to_string(),
+    })?;
+
+    // Tracer snapshot before the helper joins the cgroup (its own activity never counts: it
+    // only writes to pipes, memfds and cgroup files, and is reaped before the second look).
+    let upper = slot.paths.upper(rec.instance);
+    let probe = rt.tracer.begin_action(&rec, &cgroup, &upper);
+    // Unknown until the verdict: an action that fails half-way leaves it so.
+    let before = slot.changes.begin_action();
+
+    let stdout = sys::memfd("belayer-stdout")?;
+    let stderr = sys::memfd("belayer-stderr")?;
+    if let Some(range) = rec.userns {
+        // Background processes keep these: owned by the sandbox's root, they are files of
+        // the sandbox like any other (CRIU restores their owner inside its namespace).
+        for f in [&stdout, &stderr] {
+            std::os::unix::fs::fchown(f, Some(range.host_base), Some(range.host_base))
+                .map_err(|e| SyscallError::io("fchown", "output memfd", e))?;
+        }
+    }
+    let (status_rd, status_wr): (OwnedFd, OwnedFd) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| SyscallError::io("pipe2", "exec status", e.into()))?;
+
+    let mut cmd = Command::new(rt.helper.exec_path());
+    cmd.arg(HELPER_ARG)
+        .arg("exec")
+        .arg("--userns")
+        .arg(if rec.userns.is_some() {
+            "private"
+        } else {
+            "host"
+        })
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg("--start-time")
+        .arg(start.to_string())
+        .arg("--cwd")
+        .arg(req.cwd.as_deref().unwrap_or("/"))
+        .arg("--status-fd")
+        .arg(STATUS_FD.to_string());
+    if let Some(t) = timeout_ms {
+        cmd.arg("--timeout-ms").arg(t.to_string());
+    }
+    for f in cgroup.procs_files() {
+        cmd.arg("--procs").arg(f);
+    }
+    cmd.arg("--env").arg(format!("PATH={SANDBOX_PATH}"));
+    cmd.arg("--env").arg("HOME=/root");
+    for (k, v) in rec.spec.env.iter().chain(req.env.iter()) {
+        cmd.arg("--env").arg(format!("{k}={v}"));
+    }
+    cmd.arg("--").arg(command_line(&req.argv));
+    let helper_err = |source| ExecError::Helper {
+        id: rec.id.clone(),
+        source,
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(stdout.try_clone().map_err(helper_err)?)
+        .stderr(stderr.try_clone().map_err(helper_err)?);
+    let wr = status_wr.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
+    // async-signal-safe; `wr` stays open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(wr, STATUS_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(helper_err)?;
+    drop(status_wr);
+    let mut line = String::new();
+    let read = fs::File::from(status_rd).read_to_string(&mut line);
+    let waited = child.wait();
+    let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+    read.map_err(helper_err)?;
+    let helper_status = waited.map_err(helper_err)?;
+    let helper_pid = i32::try_from(child.id()).ok();
+    let (status, helper_killed) =
+        action_status(&line, helper_status).map_err(|message| ExecError::Enter {
+            id: rec.id.clone(),
+            message,
+        })?;
+    let mut verdict = probe.finish(&rt.tracer, &rec, &cgroup, &upper, &status);
+    if helper_killed && verdict.infra_fault.is_none() {
+        // The helper runs in the sandbox's cgroup and never kills itself: a signal that
+        // ended it before its status line came from outside the action.
+        verdict.infra_fault = Some(belayer_ipc::InfraFault {
+            kind: belayer_ipc::InfraFaultKind::ExternalKill,
+            pid: helper_pid,
+            signal: status.signal,
+        });
+    }
+    if let Some(f) = &verdict.infra_fault {
+        tracing::warn!(sandbox = %rec.id, kind = f.kind.as_str(), pid = ?f.pid, signal = ?f.signal, "infrastructure fault during the action");
+        // Whatever the tracer already did: the sandbox is not trustworthy any more (the
+        // daemon announces it as failed); the caller restores.
+        slot.fail();
+    }
+
+    slot.changes.end_action(before, verdict.dirty);
+    let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;
+    let (err, t2) = read_bounded(&stderr, limit).map_err(helper_err)?;
+    slot.keep_output(stdout);
+    slot.keep_output(stderr);
+    tracing::debug!(sandbox = %rec.id, exit = status.exit_code, duration_ms, dirty = ?verdict.dirty, "action finished");
+    Ok(ExecResult {
+        exit_code: status.exit_code,
+        signal: status.signal,
+        stdout: out,
+        stderr: err,
+        truncated: t1 || t2,
+        timed_out: status.timed_out,
+        duration_ms,
+        infra_fault: verdict.infra_fault,
+        dirty: verdict.dirty,
+    })
+}
+
+/// The action's status from the helper's status `line`, or, when the helper died without
+/// writing one (killed with the sandbox's processes from the host, or by the OOM killer: it
+/// sits in the sandbox's cgroup), from the helper's own wait status; the flag says which.
+/// The output written so far is in the memfds either way and is returned with the fault.
+/// `Err`: the helper's error message, or a helper that exited without a status.
+fn action_status(
+    line: &str,
+    helper: std::process::ExitStatus,
+) -> Result<(crate::helper::exec::ActionStatus, bool), String> {
+    use std::os::unix::process::ExitStatusExt;
+    match parse_status(line) {
+        Ok(status) => Ok((status, false)),
+        Err(message) => match helper.signal() {
+            Some(sig) if line.trim().is_empty() => Ok((
+                crate::helper::exec::ActionStatus {
+                    exit_code: 128 + sig,
+                    signal: Some(sig),
+                    timed_out: false,
+                },
+                true,
+            )),
+            _ => Err(format!("{message}; the helper ended with {helper}")),
+        },
+    }
+}
+
+/// Reads at most `limit` bytes from the start of `file`; the flag says whether it held more.
+fn read_bounded(file: &fs::File, limit: u64) -> std::io::Result<(Vec<u8>, bool)> {
+    let size = file.metadata()?.len();
+    let n = size.min(limit) as usize;
+    let mut buf = vec![0u8; n];
+    let mut off = 0;
+    while off < n {
+        let r = file.read_at(&mut buf[off..], off as u64)?;
+        if r == 0 {
+            break;
+        }
+        off += r;
+    }
+    buf.truncate(off);
+    Ok((buf, size > limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines() {
+        assert_eq!(
+            command_line(&["echo hi > /tmp/x".into()]),
+            "echo hi > /tmp/x"
+        );
+        assert_eq!(
+            command_line(&["ls".into(), "-la".into(), "/a b".into()]),
+            "ls -la '/a b'"
+        );
+        assert_eq!(
+            command_line(&["echo".into(), "it's".into()]),
+            "echo 'it'\\''s'"
+        );
+    }
+
+    #[test]
+    fn a_killed_helper_yields_the_signal_status() {
+        use std::os::unix::process::ExitStatusExt;
+        let killed = std::process::ExitStatus::from_raw(libc::SIGKILL);
+        let (status, lost) = action_status("", killed).unwrap();
+        assert!(lost);
+        assert_eq!(status.exit_code, 137);
+        assert_eq!(status.signal, Some(libc::SIGKILL));
+        let (status, lost) = action_status("exit=0 signal=- timed_out=0\n", killed).unwrap();
+        assert!(!lost);
+        assert_eq!(status.exit_code, 0);
+        assert!(action_status("", std::process::ExitStatus::from_raw(0)).is_err());
+        assert!(action_status("error=boom", killed).is_err());
+    }
+
+    #[test]
+    fn bounded_reads() {
+        let f = sys::memfd("t").unwrap();
+        use std::io::Write;
+        (&f).write_all(b"hello world").unwrap();
+        assert_eq!(read_bounded(&f, 5).unwrap(), (b"hello".to_vec(), true));
+        assert_eq!(
+            read_bounded(&f, 100).unwrap(),
+            (b"hello world".to_vec(), false)
+        );
+    }
+}

@@ -1,0 +1,483 @@
+//! The daemon core: the sandbox registry and the protocol handler.
+//!
+//! [`Agent`] owns the [`Runtime`] and the sandboxes; it implements the protocol's
+//! [`Handler`](belayer_ipc::Handler) so the socket server stays thin. At start it re-adopts the
+//! sandboxes found in its state dir: sandboxes outlive a restart of `belayerd`. A sandbox caught
+//! mid-checkpoint by a crash is thawed and its unpublished checkpoint discarded.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use belayer_ipc::{
+    Caller, ErrorCode, ErrorReply, Event, PeerCred, Request, Response, SandboxInfo, StatusInfo,
+    PROTOCOL_VERSION,
+};
+
+use crate::cgroup::CgroupLayout;
+use crate::runtime::Runtime;
+use crate::sandbox::{self, SandboxSlot, SandboxState};
+use crate::store::CheckpointStore;
+use crate::sys;
+
+pub mod access;
+mod adopt;
+mod brief;
+pub mod contexts;
+mod create_api;
+mod image_api;
+mod reap;
+pub mod rollout_api;
+mod start;
+
+pub use start::StartError;
+
+use access::AccessError;
+use contexts::ContextLogs;
+use rollout_api::{EventBus, Policies};
+
+/// Backing tmpfs of CRIU's kernel-feature cache.
+pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
+
+/// Mount point of the dump stage tmpfs (see [`crate::stage`]).
+pub const DUMP_STAGE_DIR: &str = "/run/belayer/dump-stage";
+
+/// The agent: runtime plus sandbox registry.
+#[derive(Debug)]
+pub struct Agent {
+    /// Exclusive lock on `state_dir/belayerd.lock`, held for the agent's life.
+    _lock: fs::File,
+    rt: Runtime,
+    sandboxes: Mutex<HashMap<String, Arc<SandboxSlot>>>,
+    /// Subscribers of daemon events (`Request::Subscribe`, [`Agent::subscribe`]).
+    events: EventBus,
+    /// Checkpoint policy per sandbox (`Request::MaybeCheckpoint`).
+    policies: Policies,
+    /// Context log per trajectory, owned by its creator (`Request::ContextAppend`/`ContextLookup`).
+    contexts: ContextLogs,
+    /// Creations in flight (counted against per-uid caps, holding their image).
+    creating: create_api::Creating,
+    /// `(sandbox, instance)` pairs already announced as failed.
+    failed_seen: Mutex<std::collections::HashSet<(String, u32)>>,
+}
+
+fn error(code: ErrorCode, e: &dyn std::error::Error) -> Response {
+    let mut message = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        message.push_str(": ");
+        message.push_str(&s.to_string());
+        cur = s.source();
+    }
+    Response::Error(ErrorReply { code, message })
+}
+
+fn unknown(id: &str) -> Response {
+    Response::Error(ErrorReply {
+        code: ErrorCode::UnknownSandbox,
+        message: format!("unknown sandbox {id}"),
+    })
+}
+
+impl Agent {
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.rt
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxSlot>>> {
+        self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slot(&self, id: &str) -> Option<Arc<SandboxSlot>> {
+        self.registry().get(id).cloned()
+    }
+
+    /// Sends `event` to every subscriber that may see its sandbox (clients of
+    /// `Request::Subscribe`: root, or the sandbox's owner; [`subscribe`](Self::subscribe)
+    /// callers: all).
+    pub fn publish(&self, event: Event) {
+        let id = match &event {
+            Event::SandboxFailed { id, .. } | Event::CheckpointReady { id, .. } => id,
+        };
+        let owner = self.slot(id).map(|slot| slot.record().owner_uid);
+        self.events.publish(event, owner);
+    }
+
+    /// A new event subscription: every event published from now on.
+    pub fn subscribe(&self) -> std::sync::mpsc::Receiver<Event> {
+        self.events.subscribe(None)
+    }
+
+    /// Removes a sandbox, untraced first: the removal's kills are the agent's own, not faults.
+    fn remove_sandbox(&self, slot: &SandboxSlot) -> Result<(), sandbox::remove::RemoveError> {
+        let (id, userns) = {
+            let rec = slot.record();
+            (rec.id.clone(), rec.userns)
+        };
+        self.rt.tracer.untrack(&id);
+        sandbox::remove::remove(slot)?;
+        if let Some(range) = userns {
+            self.rt.userns.release(range);
+        }
+        Ok(())
+    }
+
+    /// Removes the blobs no checkpoint refers to any more: reference counts over the layer
+    /// manifests of every published checkpoint of every sandbox plus the bases of the next
+    /// incremental captures, taken under the blob store's exclusive lock. A checkpoint whose
+    /// manifest cannot be read keeps nothing alive (it cannot be restored either); an old
+    /// format checkpoint refers to no blobs. Returns the bytes freed.
+    fn collect_blobs(&self) -> u64 {
+        let result = self.rt.blobs.gc_with(|roots| {
+            // The sandboxes are listed under the exclusive lock: a sandbox created before it
+            // whose checkpoint was published meanwhile (its lease released) is in the list,
+            // and its blobs live.
+            let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+            for slot in &slots {
+                if let Some(base) = slot.any_layer_base() {
+                    roots.add(&base);
+                }
+                let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else {
+                    continue;
+                };
+                for name in store.names().unwrap_or_default() {
+                    match store.load(&name).and_then(|m| store.load_layer(&m)) {
+                        Ok(layer) => roots.add(&layer),
+                        Err(e) => tracing::warn!(checkpoint = %name, error = %e, "checkpoint keeps no blobs"),
+                    }
+                }
+            }
+            Ok::<(), belayer_overlay::layer::BlobError>(())
+        });
+        match result {
+            Ok(stats) => {
+                tracing::info!(
+                    live = stats.live_blobs,
+                    references = stats.references,
+                    removed = stats.removed_blobs,
+                    bytes = stats.removed_bytes,
+                    "blob collection"
+                );
+                stats.removed_bytes
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "blob collection failed");
+                0
+            }
+        }
+    }
+
+    /// A fault the sandbox tracer saw (init exited, process killed from outside or by the OOM
+    /// killer): marks a running sandbox failed at once and announces it (once per instance).
+    fn on_fault(&self, id: &str, fault: &belayer_ebpf::Fault) {
+        let Some(slot) = self.slot(id) else { return };
+        if !slot.fail() {
+            return;
+        }
+        let instance = slot.record().instance;
+        let fresh = self
+            .failed_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((id.to_string(), instance));
+        if fresh {
+            self.publish(Event::SandboxFailed {
+                id: id.to_string(),
+                reason: fault.to_string(),
+            });
+        }
+    }
+
+    /// Announces sandboxes whose init died (once per instance) and forgets the policies of
+    /// removed sandboxes.
+    fn watch_failures(&self) {
+        let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+        for slot in &slots {
+            let rec = slot.refresh();
+            if rec.state != SandboxState::Failed {
+                continue;
+            }
+            let fresh = self
+                .failed_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((rec.id.clone(), rec.instance));
+            if fresh {
+                self.publish(Event::SandboxFailed {
+                    id: rec.id.clone(),
+                    reason: format!("the init of instance {} is gone", rec.instance),
+                });
+            }
+        }
+        let live: std::collections::HashSet<String> = self.registry().keys().cloned().collect();
+        self.policies.retain(|id| live.contains(id));
+    }
+
+    fn maybe_checkpoint(
+        &self,
+        caller: &Caller,
+        req: belayer_ipc::MaybeCheckpointRequest,
+    ) -> Response {
+        let Some(slot) = self.slot_for(caller, &req.id) else {
+            return unknown(&req.id);
+        };
+        let instance = slot.record().instance;
+        let dirty = slot.changes.since_ready();
+        let pending = match self.policies.decide(&req, instance, dirty) {
+            Ok(p) => p,
+            Err(e) => return error(ErrorCode::BadRequest, &e),
+        };
+        let decision = rollout_api::decision_info(&pending.decision);
+        if !pending.decision.checkpoint {
+            return Response::MaybeCheckpoint(belayer_ipc::MaybeCheckpointResult {
+                checkpointed: false,
+                decision,
+                checkpoint: None,
+            });
+        }
+        let started = std::time::Instant::now();
+        let creq = belayer_ipc::CheckpointRequest {
+            id: req.id.clone(),
+            prefix: req.prefix,
+            context: req.context,
+            fault: None,
+        };
+        let result = sandbox::checkpoint::checkpoint(&self.rt, &slot, &creq);
+        self.policies
+            .checkpoint_done(&pending, started.elapsed().as_secs_f64(), result.is_ok());
+        match result {
+            Ok(info) => {
+                self.publish(rollout_api::checkpoint_ready(&info));
+                Response::MaybeCheckpoint(belayer_ipc::MaybeCheckpointResult {
+                    checkpointed: true,
+                    decision,
+                    checkpoint: Some(info),
+                })
+            }
+            Err(e) => error(e.code(), &e),
+        }
+    }
+
+    /// Reaps exited sandbox processes and CRIU's orphans (our children, directly or as
+    /// subreaper); see [`reap`] for the rule.
+    fn reap(&self) {
+        reap::reap_sandbox_zombies();
+    }
+
+    fn ready_prefix(slot: &SandboxSlot) -> Option<u64> {
+        let store = CheckpointStore::open(&slot.paths.checkpoints()).ok()?;
+        let name = store.ready().ok()??;
+        store.load(&name).ok().map(|m| m.prefix)
+    }
+
+    fn info(slot: &SandboxSlot) -> SandboxInfo {
+        slot.info(Self::ready_prefix(slot))
+    }
+
+    fn gc(&self, caller: &Caller, older_than_s: Option<u64>, tag: Option<&str>) -> Response {
+        if older_than_s.is_none() && tag.is_none() {
+            return Response::Error(ErrorReply {
+                code: ErrorCode::BadRequest,
+                message: "gc needs --older-than or --tag".into(),
+            });
+        }
+        let now = sys::now_unix_ms();
+        let (mut removed, mut bytes) = (0u64, 0u64);
+        for slot in self.slots_for(caller) {
+            let _op = slot.lock_op();
+            let rec = slot.record().clone();
+            let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else {
+                continue;
+            };
+            let tagged = tag.is_some() && rec.spec.tag.as_deref() == tag;
+            let ready = store.ready().ok().flatten();
+            let Ok(list) = store.list() else { continue };
+            for m in list {
+                let old =
+                    older_than_s.is_some_and(|s| now.saturating_sub(m.created_unix_ms) >= s * 1000);
+                let is_ready = ready.as_deref() == Some(m.checkpoint.as_str());
+                if tagged || (old && !is_ready) {
+                    if is_ready {
+                        let _ = store.clear_ready();
+                    }
+                    if let Ok(b) = store.remove(&m.checkpoint) {
+                        removed += 1;
+                        bytes += b;
+                    }
+                }
+            }
+        }
+        bytes += self.collect_blobs();
+        tracing::info!(removed, bytes, "checkpoint gc");
+        Response::Gc { removed, bytes }
+    }
+
+    fn status(&self, caller: &Caller) -> Response {
+        Response::Status(StatusInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            protocol: PROTOCOL_VERSION,
+            criu: self.rt.criu.version().to_string(),
+            cgroup: CgroupLayout::detect()
+                .map(|l| l.describe())
+                .unwrap_or_default(),
+            sandboxes: self.slots_for(caller).len() as u64,
+            tracer: self.rt.tracer.describe(),
+        })
+    }
+
+    /// Serves one request from `caller` with the descriptors `fds` attached to its frame
+    /// (only `ImportImage` with `with_fd` takes one). Access is checked for every request by
+    /// [`access::may_act_on`], through the lookups of [`access`].
+    pub fn dispatch(&self, caller: &Caller, request: Request, fds: Vec<OwnedFd>) -> Response {
+        if !matches!(request, Request::ImportImage { .. }) && !fds.is_empty() {
+            let e = AccessError::Descriptors {
+                got: fds.len(),
+                expected: 0,
+            };
+            return error(e.code(), &e);
+        }
+        match request {
+            Request::Ping => Response::Pong {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            Request::Status => self.status(caller),
+            Request::ImportImage {
+                name,
+                source,
+                with_fd,
+            } => self.import_image(caller, &name, source, with_fd, fds),
+            Request::ListImages => match self.rt.images.list() {
+                Ok(v) => Response::Images(v),
+                Err(e) => error(ErrorCode::Internal, &e),
+            },
+            Request::RemoveImage { name } => self.remove_image(caller, &name),
+            Request::CreateSandbox(spec) => self.create_sandbox(caller, spec),
+            Request::ListSandboxes => {
+                let slots = self.slots_for(caller);
+                let mut v: Vec<SandboxInfo> = slots.iter().map(|s| Self::info(s)).collect();
+                v.sort_by_key(|i| i.created_unix_ms);
+                Response::Sandboxes(v)
+            }
+            Request::InspectSandbox { id } => match self.slot_for(caller, &id) {
+                Some(slot) => Response::Sandbox(Self::info(&slot)),
+                None => unknown(&id),
+            },
+            Request::RemoveSandbox { id } => match self.slot_for(caller, &id) {
+                Some(slot) => match self.remove_sandbox(&slot) {
+                    Ok(()) => {
+                        self.registry().remove(&id);
+                        self.collect_blobs();
+                        Response::Done
+                    }
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&id),
+            },
+            Request::Exec(req) => match self.slot_for(caller, &req.id) {
+                Some(slot) => match sandbox::exec::exec(&self.rt, &slot, &req) {
+                    Ok(r) => Response::Exec(r),
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&req.id),
+            },
+            Request::Checkpoint(req) => match self.slot_for(caller, &req.id) {
+                Some(slot) => match sandbox::checkpoint::checkpoint(&self.rt, &slot, &req) {
+                    Ok(info) => {
+                        self.publish(rollout_api::checkpoint_ready(&info));
+                        Response::Checkpoint(info)
+                    }
+                    Err(e) => error(e.code(), &e),
+                },
+                None => unknown(&req.id),
+            },
+            Request::Restore { id, verify } => match self.slot_for(caller, &id) {
+                Some(slot) => {
+                    let mut restored = sandbox::restore::restore(&self.rt, &slot, verify);
+                    if let Err(e) = &restored {
+                        if e.is_criu_trap() {
+                            tracing::warn!(sandbox = %id, error = %e, "restore failed on a task's SIGTRAP; trying once more");
+                            restored = sandbox::restore::restore(&self.rt, &slot, verify);
+                        }
+                    }
+                    match restored {
+                        Ok(info) => Response::Restored(info),
+                        Err(e) => error(e.code(), &e),
+                    }
+                }
+                None => unknown(&id),
+            },
+            Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
+                Some(slot) => {
+                    let list =
+                        CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
+                    match list {
+                        Ok(ms) => Response::Checkpoints(
+                            ms.into_iter()
+                                .map(|m| belayer_ipc::CheckpointInfo {
+                                    sandbox: m.sandbox.clone(),
+                                    prefix: m.prefix,
+                                    bytes: m.bytes(),
+                                    context_digest: m.context.artifact.digest.clone(),
+                                    timings_ms: m.timings_ms.clone(),
+                                    created_unix_ms: m.created_unix_ms,
+                                    checkpoint: m.checkpoint,
+                                })
+                                .collect(),
+                        ),
+                        Err(e) => error(ErrorCode::Internal, &e),
+                    }
+                }
+                None => unknown(&id),
+            },
+            Request::Gc { older_than_s, tag } => self.gc(caller, older_than_s, tag.as_deref()),
+            Request::MaybeCheckpoint(req) => self.maybe_checkpoint(caller, req),
+            Request::ContextAppend {
+                trajectory,
+                prefix,
+                context,
+            } => match self.contexts.append(caller, &trajectory, prefix, context) {
+                Ok(entry) => Response::Context(entry),
+                Err(e) => Response::Error(e.reply()),
+            },
+            Request::ContextLookup { trajectory, prefix } => {
+                match self.contexts.lookup(caller, &trajectory, prefix) {
+                    Ok(entry) => Response::Context(entry),
+                    Err(e) => Response::Error(e.reply()),
+                }
+            }
+            Request::Subscribe => Response::Error(ErrorReply {
+                code: ErrorCode::BadRequest,
+                message: "subscribe is served by the socket server, not dispatched".into(),
+            }),
+        }
+    }
+}
+
+impl belayer_ipc::Handler for Agent {
+    /// Requests without their supplementary groups: a directory import from a non-root peer
+    /// is refused ([`AccessError::GroupsUnknown`]). The server calls
+    /// [`handle_call`](belayer_ipc::Handler::handle_call).
+    fn handle(&self, peer: &PeerCred, request: Request) -> Response {
+        self.handle_call(&Caller::without_groups(*peer), request, Vec::new())
+    }
+
+    fn handle_call(&self, caller: &Caller, request: Request, fds: Vec<OwnedFd>) -> Response {
+        let peer = &caller.cred;
+        tracing::debug!(
+            pid = peer.pid,
+            uid = peer.uid,
+            fds = fds.len(),
+            request = %brief::Brief(&request),
+            "request"
+        );
+        self.dispatch(caller, request, fds)
+    }
+
+    fn subscribe(&self, peer: &PeerCred) -> Option<std::sync::mpsc::Receiver<Event>> {
+        tracing::debug!(pid = peer.pid, uid = peer.uid, "event subscription");
+        // Root sees every sandbox's events, anyone else only those of its own sandboxes.
+        Some(self.events.subscribe((peer.uid != 0).then_some(peer.uid)))
+    }
+}

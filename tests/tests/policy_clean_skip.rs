@@ -1,0 +1,94 @@
+//! One checkpoint-policy path: the daemon keeps, per sandbox, what changed since its ready
+//! checkpoint (the tracer's verdict of every `Exec`), and `MaybeCheckpoint` (the call of the C
+//! ABI, the Python package and `belayer rollout`) skips a step after which nothing changed as
+//! `clean`, and checkpoints after a writing one. Checked with BPF and with the fallback, across a
+//! restore, and after a restart of `belayerd` (which cannot know what ran before it: it decides
+//! as if the sandbox were dirty until its next checkpoint).
+
+use belayer_ipc::{
+    DecisionReason, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
+};
+use belayer_tests::{busybox_rootfs, Daemon};
+
+/// A policy that checkpoints whenever the step is not clean: p = 0.5 and a regeneration cost
+/// far above any checkpoint's cost.
+fn ask(d: &Daemon, id: &str, prefix: u64) -> MaybeCheckpointResult {
+    let req = MaybeCheckpointRequest {
+        id: id.into(),
+        prefix,
+        context: format!("L_{prefix}").into_bytes(),
+        step_duration_s: 1.0,
+        regen_cost_s: Some(1000.0),
+        policy: Some(PolicySpec {
+            kind: Some("adaptive".into()),
+            failure_p: Some(0.5),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    match d.call(Request::MaybeCheckpoint(req)) {
+        Response::MaybeCheckpoint(r) => r,
+        other => panic!("maybe_checkpoint {prefix}: {other:?}\n{}", d.log_text()),
+    }
+}
+
+fn run(d: &mut Daemon) {
+    d.image("busybox", &busybox_rootfs());
+    let id = d.create("busybox").id;
+    // A fresh sandbox is its image: a read-only first step is clean.
+    assert_eq!(d.exec(&id, "cat /etc/passwd >/dev/null").dirty, Some(false));
+    let r = ask(d, &id, 1);
+    assert!(!r.checkpointed, "{r:?}");
+    assert_eq!(r.decision.reason, DecisionReason::Clean);
+
+    // A writing step checkpoints; a read after it is clean against that checkpoint.
+    assert_eq!(d.exec(&id, "echo one > /state").dirty, Some(true));
+    let r = ask(d, &id, 2);
+    assert!(r.checkpointed, "{r:?}");
+    assert_eq!(r.decision.reason, DecisionReason::Benefit);
+    assert_eq!(r.checkpoint.as_ref().map(|c| c.prefix), Some(2));
+    assert_eq!(d.exec(&id, "cat /state").dirty, Some(false));
+    let r = ask(d, &id, 3);
+    assert_eq!(
+        (r.checkpointed, r.decision.reason),
+        (false, DecisionReason::Clean)
+    );
+
+    // A write, then a read: dirty since the ready checkpoint, though the last step was clean.
+    assert_eq!(d.exec(&id, "echo two > /state").dirty, Some(true));
+    assert_eq!(d.exec(&id, "cat /state").dirty, Some(false));
+    let r = ask(d, &id, 5);
+    assert!(r.checkpointed, "{r:?}");
+
+    // After a restore the sandbox is its ready checkpoint: clean.
+    d.exec(&id, "echo three > /state");
+    d.fail_stop(&id);
+    assert_eq!(d.restore(&id).prefix, Some(5));
+    let r = ask(d, &id, 6);
+    assert_eq!(
+        (r.checkpointed, r.decision.reason),
+        (false, DecisionReason::Clean)
+    );
+
+    // A restarted daemon cannot know what ran before it: not clean until a checkpoint.
+    d.restart();
+    assert_eq!(d.exec(&id, "cat /state").dirty, Some(false));
+    let r = ask(d, &id, 7);
+    assert!(r.checkpointed, "after a restart: {r:?}");
+    assert_eq!(d.exec(&id, "cat /state").dirty, Some(false));
+    let r = ask(d, &id, 8);
+    assert_eq!(
+        (r.checkpointed, r.decision.reason),
+        (false, DecisionReason::Clean)
+    );
+}
+
+#[test]
+fn maybe_checkpoint_skips_clean_steps_with_bpf() {
+    run(&mut Daemon::start());
+}
+
+#[test]
+fn maybe_checkpoint_skips_clean_steps_with_the_fallback() {
+    run(&mut Daemon::start_no_bpf());
+}
