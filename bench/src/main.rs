@@ -15,7 +15,7 @@
 //!
 //! Dependencies and why: `belayer-daemon` (the embedded agent, its config and syscall helpers),
 //! `belayer-workers` (memory servers, router, engines), `belayer-cli` (the client's request
-//! helpers), `belayer-ipc`, `belayer-overlay`/`belayer-criu`/`belayer-ebpf` (the hand-rolled
+//! helpers), `belayer-ipc`, `belayer-overlay`/`belayer-ebpf` (the hand-rolled
 //! baseline and the tracer's costs), `clap`, `serde`/`serde_json` (JSON output), `nix`/
 //! `rustix`/`libc` (processes of the baselines), `thiserror`, `tracing`/`tracing-subscriber`,
 //! `anyhow`; `tempfile` for tests.

@@ -506,7 +506,7 @@ mod tests {
         SandboxInfo {
             id: id.to_owned(),
             image: "base".to_owned(),
-            state: "running".to_owned(),
+            state: crate::SandboxState::Running,
             init_pid: Some(4242),
             pids: vec![4242, 4243],
             cgroup: "/belayer/sb-1".to_owned(),

@@ -77,7 +77,9 @@ pub mod ffi;
 pub mod frame;
 pub mod memory;
 pub mod message;
+pub mod names;
 pub mod policy;
+pub mod state;
 pub mod text;
 pub mod transport;
 
@@ -102,6 +104,7 @@ pub use transport::{
 };
 
 pub use policy::{BadDecisionReason, BadPolicyKind, DecisionReason, PolicyKind};
+pub use state::{BadSandboxState, SandboxState};
 pub use text::{command_line, parse_bytes, shell_quote};
 
 /// Default socket path of `belayerd` (every client's default; `BELAYER_SOCKET` overrides it in

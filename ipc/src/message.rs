@@ -254,8 +254,9 @@ pub struct SandboxInfo {
     pub id: String,
     /// Image name.
     pub image: String,
-    /// Lifecycle state (`running`, `checkpointing`, `restoring`, `failed`, `stopped`).
-    pub state: String,
+    /// Lifecycle state (its name on the wire: `running`, `checkpointing`, `restoring`,
+    /// `failed`).
+    pub state: crate::SandboxState,
     /// Host pid of the sandbox init, when alive.
     pub init_pid: Option<i32>,
     /// Host pids of every process in the sandbox cgroup.

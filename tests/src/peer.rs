@@ -79,14 +79,7 @@ const SOCKET_ENV: &str = "BELAYER_PEER_SOCKET";
 const CHILD_TEST: &str = "peer_child";
 
 fn chain(err: &ClientError) -> String {
-    let mut text = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    belayer_ipc::error_chain(err)
 }
 
 /// The child's side: when re-executed by [`run_as_with`], performs the ops and prints one

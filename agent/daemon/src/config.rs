@@ -13,6 +13,12 @@ pub const DEFAULT_SOCKET: &str = "/run/belayer/belayer.sock";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/belayer";
 /// Default configuration file.
 pub const DEFAULT_CONFIG: &str = "/etc/belayer/belayer.toml";
+
+/// Default [`Config::criu_kdat_dir`].
+pub const DEFAULT_KDAT_DIR: &str = "/run/belayer/criu-kdat";
+
+/// Default [`Config::dump_stage_dir`].
+pub const DEFAULT_DUMP_STAGE_DIR: &str = "/run/belayer/dump-stage";
 /// Default of [`Config::default_disk_max_bytes`]: 10 GiB.
 pub const DEFAULT_DISK_MAX_BYTES: u64 = 10 << 30;
 
@@ -76,10 +82,17 @@ pub struct Config {
     /// controller where the node mounts it, else a BPF program on the v2 cgroup), `"v1"` or
     /// `"bpf"`. A sandbox whose allow-list cannot be applied is not created.
     pub device_filter: crate::cgroup::DeviceFilter,
-    /// zstd level (1–19) for new upper-layer blobs; unset: stored uncompressed (restores
-    /// copy them with `copy_file_range`). Compression runs after the sandbox is thawed.
+    /// zstd level for new upper-layer blobs (1 to 22, or negative for zstd's fast levels;
+    /// others are refused at start); unset: stored uncompressed (restores copy them with
+    /// `copy_file_range`). Compression runs after the sandbox is thawed.
     pub blob_zstd_level: Option<i32>,
-    /// Bytes of the tmpfs (at `/run/belayer/dump-stage`) where CRIU writes a checkpoint's
+    /// Directory of CRIU's kernel-feature cache (a small tmpfs `belayerd` mounts there, shared
+    /// by every daemon of the node), default `/run/belayer/criu-kdat`.
+    pub criu_kdat_dir: PathBuf,
+    /// Mount point of the dump stage tmpfs (see `dump_stage_bytes`), default
+    /// `/run/belayer/dump-stage`.
+    pub dump_stage_dir: PathBuf,
+    /// Bytes of the tmpfs (at `dump_stage_dir`) where CRIU writes a checkpoint's
     /// images while the sandbox is frozen, shared by concurrent checkpoints; 0: dump straight
     /// to the state dir. Memory is used only while dumps sit there.
     pub dump_stage_bytes: u64,
@@ -172,6 +185,8 @@ impl Default for Config {
             no_bpf: false,
             device_filter: crate::cgroup::DeviceFilter::Auto,
             blob_zstd_level: None,
+            criu_kdat_dir: PathBuf::from(DEFAULT_KDAT_DIR),
+            dump_stage_dir: PathBuf::from(DEFAULT_DUMP_STAGE_DIR),
             dump_stage_bytes: 8 << 30,
             criu_ghost_limit_bytes: belayer_criu::DEFAULT_GHOST_LIMIT_BYTES,
             upper_snapshots: true,
@@ -327,11 +342,22 @@ impl Config {
                 reason: "above dump_stage_bytes",
             });
         }
-        for m in &self.memory_servers {
-            if m.validate().is_err() {
+        if let Some(level) = self.blob_zstd_level {
+            if !zstd::compression_level_range().contains(&level) || level == 0 {
                 return Err(ConfigError::Invalid {
-                    field: "memory_server",
-                    reason: "role must be weights|kv, device host|cuda:N",
+                    field: "blob_zstd_level",
+                    reason: "not a zstd level (1 to 22, or negative for the fast levels)",
+                });
+            }
+        }
+        for (field, dir) in [
+            ("criu_kdat_dir", &self.criu_kdat_dir),
+            ("dump_stage_dir", &self.dump_stage_dir),
+        ] {
+            if !dir.is_absolute() {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: "must be absolute",
                 });
             }
         }
@@ -419,7 +445,15 @@ mod tests {
             "[[memory_server]]\nrole = \"kv\"\nlayout = \"/l.toml\"\nsocket = \"/run/kv.sock\"\n",
         )
         .unwrap();
-        assert_eq!(c.memory_servers[0].device, "host");
+        assert_eq!(
+            c.memory_servers[0].device,
+            belayer_ipc::memory::Backend::Host
+        );
+        let bad = toml::from_str::<Config>(
+            "[[memory_server]]\nrole = \"gpu\"\nlayout = \"/l\"\nsocket = \"/s\"\n",
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("gpu"), "{bad}");
         assert!(c.validate().is_ok());
     }
 
@@ -427,6 +461,25 @@ mod tests {
     fn validate_catches_bad_values() {
         let mut c = Config::default();
         assert!(c.validate().is_ok());
+        for (level, ok) in [
+            (Some(3), true),
+            (Some(19), true),
+            (Some(-5), true),
+            (Some(0), false),
+            (Some(23), false),
+            (Some(i32::MAX), false),
+        ] {
+            let c = Config {
+                blob_zstd_level: level,
+                ..Config::default()
+            };
+            assert_eq!(c.validate().is_ok(), ok, "blob_zstd_level {level:?}");
+        }
+        let c2 = Config {
+            dump_stage_dir: "run/stage".into(),
+            ..Config::default()
+        };
+        assert!(c2.validate().is_err());
         c.cgroup_parent = "../x".into();
         assert!(c.validate().is_err());
         for bad in [

@@ -37,12 +37,6 @@ use access::AccessError;
 use contexts::ContextLogs;
 use rollout_api::{EventBus, Policies};
 
-/// Backing tmpfs of CRIU's kernel-feature cache.
-pub const KDAT_DIR: &str = "/run/belayer/criu-kdat";
-
-/// Mount point of the dump stage tmpfs (see [`crate::stage`]).
-pub const DUMP_STAGE_DIR: &str = "/run/belayer/dump-stage";
-
 /// The agent: runtime plus sandbox registry.
 #[derive(Debug)]
 pub struct Agent {
@@ -413,19 +407,7 @@ impl Agent {
                     let list =
                         CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
                     match list {
-                        Ok(ms) => Response::Checkpoints(
-                            ms.into_iter()
-                                .map(|m| belayer_ipc::CheckpointInfo {
-                                    sandbox: m.sandbox.clone(),
-                                    prefix: m.prefix,
-                                    bytes: m.bytes(),
-                                    context_digest: m.context.artifact.digest.clone(),
-                                    timings_ms: m.timings_ms.clone(),
-                                    created_unix_ms: m.created_unix_ms,
-                                    checkpoint: m.checkpoint,
-                                })
-                                .collect(),
-                        ),
+                        Ok(ms) => Response::Checkpoints(ms.iter().map(|m| m.info()).collect()),
                         Err(e) => error(ErrorCode::Internal, &e),
                     }
                 }

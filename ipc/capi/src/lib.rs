@@ -843,7 +843,7 @@ pub unsafe extern "C" fn belayer_sandbox_inspect(
         let filled = (|| {
             result.id = c_string(info.id, "sandbox id")?;
             result.image = c_string(info.image, "image")?;
-            result.state = c_string(info.state, "state")?;
+            result.state = c_string(info.state.as_str().to_owned(), "state")?;
             Ok(())
         })();
         if let Err(e) = filled {

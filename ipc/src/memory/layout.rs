@@ -411,11 +411,7 @@ impl Layout {
 }
 
 fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    crate::names::valid_name(name, MAX_NAME_LEN, true)
 }
 
 #[cfg(test)]

@@ -152,14 +152,10 @@ pub struct ImageStore {
     dir: PathBuf,
 }
 
-/// Validates an image or tag name: `[A-Za-z0-9._-]{1,64}`, not starting with `.`.
+/// Validates an image or tag name: `[A-Za-z0-9._-]{1,64}`, not starting with `.`
+/// ([`belayer_ipc::names::valid_name`]).
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    belayer_ipc::names::valid_name(name, belayer_ipc::names::MAX_IMAGE_NAME, false)
 }
 
 impl ImageStore {

@@ -439,13 +439,8 @@ fn take(
     t.publish = ms(t_pub);
     t.total = ms(started);
     Ok(CheckpointInfo {
-        sandbox: id,
-        prefix: req.prefix,
-        checkpoint: manifest.checkpoint.clone(),
-        bytes: manifest.bytes(),
-        context_digest: manifest.context.artifact.digest.clone(),
         timings_ms: t,
-        created_unix_ms: manifest.created_unix_ms,
+        ..manifest.info()
     })
 }
 

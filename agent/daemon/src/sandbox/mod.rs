@@ -478,7 +478,7 @@ impl SandboxSlot {
         SandboxInfo {
             id: rec.id.clone(),
             image: rec.spec.image.clone(),
-            state: rec.state.as_str().to_string(),
+            state: rec.state,
             init_pid: rec.init_pid.filter(|_| rec.init_alive()),
             pids,
             cgroup: format!("/{}", rec.cgroup),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::contexts::{ContextLimits, ContextLogs};
 use super::rollout_api::{EventBus, Policies};
-use super::{Agent, DUMP_STAGE_DIR, KDAT_DIR};
+use super::Agent;
 use crate::cgroup::CgroupLayout;
 use crate::config::Config;
 use crate::images::ImageStore;
@@ -86,7 +86,7 @@ impl Agent {
         let criu = belayer_criu::Criu::locate(config.criu.as_deref())?;
         // CRIU re-probes kernel features on every run (20-60 ms here) unless its cache sits on
         // a tmpfs; keep one mounted for the node's lifetime (shared by every agent).
-        match criu.kdat_cache(std::path::Path::new(KDAT_DIR)) {
+        match criu.kdat_cache(&config.criu_kdat_dir) {
             Ok(cache) => {
                 tracing::info!(mode = ?cache.mode(), "CRIU kernel-feature cache ready");
                 cache.leak();
@@ -144,7 +144,7 @@ impl Agent {
         let stage = match config.dump_stage_bytes {
             0 => None,
             bytes => match crate::stage::DumpStage::mount(
-                std::path::Path::new(DUMP_STAGE_DIR),
+                &config.dump_stage_dir,
                 &config.state_dir,
                 bytes,
             ) {

@@ -137,4 +137,18 @@ impl Manifest {
     pub fn bytes(&self) -> u64 {
         self.artifacts().map(|a| a.bytes).sum::<u64>() + self.layer.new_blob_bytes
     }
+
+    /// The wire description of this checkpoint (what `ListCheckpoints` and `Checkpoint`
+    /// answer).
+    pub fn info(&self) -> belayer_ipc::CheckpointInfo {
+        belayer_ipc::CheckpointInfo {
+            sandbox: self.sandbox.clone(),
+            prefix: self.prefix,
+            checkpoint: self.checkpoint.clone(),
+            bytes: self.bytes(),
+            context_digest: self.context.artifact.digest.clone(),
+            timings_ms: self.timings_ms.clone(),
+            created_unix_ms: self.created_unix_ms,
+        }
+    }
 }

@@ -313,11 +313,7 @@ impl Drop for MemoryServer {
 }
 
 fn valid_worker(worker: &str) -> bool {
-    !worker.is_empty()
-        && worker.len() <= MAX_NAME_LEN
-        && worker
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    belayer_ipc::names::valid_name(worker, MAX_NAME_LEN, true)
 }
 
 fn accept_loop(shared: &Arc<Shared>, listener: &UnixListener) {

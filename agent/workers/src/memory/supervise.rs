@@ -20,68 +20,43 @@ use serde::Deserialize;
 
 use super::process::ServerProcess;
 
-/// One supervised memory server (`[[memory_server]]` in the config).
+/// One supervised memory server (`[[memory_server]]` in the config); role and device are
+/// parsed when the config is read, so a bad one is refused with the config's own error.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SupervisedServer {
     /// `weights` or `kv`.
-    pub role: String,
-    /// `host` or `cuda:N`.
-    #[serde(default = "default_device")]
-    pub device: String,
+    #[serde(deserialize_with = "role_from_text")]
+    pub role: Role,
+    /// `host` (default) or `cuda:N`.
+    #[serde(default = "default_device", deserialize_with = "device_from_text")]
+    pub device: Backend,
     /// Layout file (TOML).
     pub layout: PathBuf,
     /// Socket the server listens on.
     pub socket: PathBuf,
 }
 
-fn default_device() -> String {
-    "host".into()
+fn default_device() -> Backend {
+    Backend::Host
 }
 
-/// Errors in a supervised server's configuration.
+fn role_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+    let text = String::deserialize(d)?;
+    super::parse_role(&text).map_err(serde::de::Error::custom)
+}
+
+fn device_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Backend, D::Error> {
+    let text = String::deserialize(d)?;
+    super::parse_device(&text).map_err(serde::de::Error::custom)
+}
+
+/// Errors of the supervisor.
 #[derive(Debug, thiserror::Error)]
 pub enum SuperviseError {
-    /// The role is not `weights` or `kv`.
-    #[error("memory server {socket}: bad role {role:?}")]
-    Role {
-        /// Socket.
-        socket: PathBuf,
-        /// The role given.
-        role: String,
-    },
-    /// The device is not `host` or `cuda:N`.
-    #[error("memory server {socket}: bad device {device:?}")]
-    Device {
-        /// Socket.
-        socket: PathBuf,
-        /// The device given.
-        device: String,
-    },
     /// Starting the supervisor thread failed.
     #[error("cannot start the memory-server supervisor")]
     Thread(#[source] std::io::Error),
-}
-
-impl SupervisedServer {
-    /// Checks role and device.
-    pub fn validate(&self) -> Result<(Role, Backend), SuperviseError> {
-        let role = self
-            .role
-            .parse::<Role>()
-            .map_err(|_| SuperviseError::Role {
-                socket: self.socket.clone(),
-                role: self.role.clone(),
-            })?;
-        let device = self
-            .device
-            .parse::<Backend>()
-            .map_err(|_| SuperviseError::Device {
-                socket: self.socket.clone(),
-                device: self.device.clone(),
-            })?;
-        Ok((role, device))
-    }
 }
 
 /// The running supervisor; stopping it leaves the servers running.
@@ -129,11 +104,10 @@ impl Supervisor {
         servers: &[SupervisedServer],
         interval: Duration,
     ) -> Result<Supervisor, SuperviseError> {
-        let mut specs = Vec::new();
-        for s in servers {
-            let (role, device) = s.validate()?;
-            specs.push((s.clone(), role, device));
-        }
+        let specs: Vec<(SupervisedServer, Role, Backend)> = servers
+            .iter()
+            .map(|s| (s.clone(), s.role, s.device))
+            .collect();
         let mut slots: Vec<Slot> = specs
             .iter()
             .map(|(s, r, d)| start(exe, s, *r, *d))

@@ -32,12 +32,7 @@ pub(super) struct WireId<'a> {
 
 /// Whether `name` is a valid trajectory name: `[A-Za-z0-9._-]{1,128}`, not starting with a dot.
 pub(super) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    belayer_ipc::names::valid_name(name, belayer_ipc::names::MAX_TRAJECTORY_NAME, false)
 }
 
 /// Parses a wire id; `None` when it is not `<name>` or `<name>@<decimal uid>`.
