@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Drives one recorded agent trajectory (``agent/trajectories/*.jsonl``) through Belayer from
+"""Drives one recorded agent trajectory (``agent/cli/trajectories/*.jsonl``) through Belayer from
 Python, the way an RL framework would: after every action the step's timing goes to the
 adaptive checkpoint policy (which checkpoints when a failure would cost more than the
 checkpoint's visible cost), the LLM context goes to the context log, and in the middle of
