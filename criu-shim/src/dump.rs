@@ -5,10 +5,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
+use crate::locate::Criu;
 use crate::log::{LogLevel, LogTail};
+use crate::options::NetworkLock;
 use crate::refusal::FileRefusal;
 use crate::run::{self, push, ChildSetup};
-use crate::{Criu, NetworkLock};
 
 /// Name of CRIU's log file inside the work dir.
 pub const DUMP_LOG: &str = "dump.log";

@@ -30,8 +30,9 @@ use std::path::{Path, PathBuf};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::gate::{answer, join_runner, make_fifo, quote, ORPHAN_TIMEOUT, SLICE};
+use crate::locate::Criu;
 use crate::restore::{RestoreError, RestoreOutcome, RestoreRequest};
-use crate::{run, Criu};
+use crate::run;
 
 /// Longest line the script writes (`pre-resume ` and a pid).
 const MAX_LINE: usize = 64;

@@ -30,10 +30,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
+use crate::locate::Criu;
 use crate::log::LogTail;
 use crate::run::{self, ChildSetup};
 use crate::sys::{self, SyscallError};
-use crate::Criu;
 
 /// Size limit of the backing tmpfs, in bytes (the cache is about 1 KiB; logs of the three probe
 /// runs pass through it too).

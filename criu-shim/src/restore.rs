@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 
 use crate::dump::{manage_cgroups_arg, stat_value};
+use crate::locate::Criu;
 use crate::log::{LogLevel, LogTail};
+use crate::options::NetworkLock;
 use crate::run::{self, push, ChildSetup};
-use crate::{Criu, NetworkLock};
 
 /// Name of CRIU's log file inside the work dir.
 pub const RESTORE_LOG: &str = "restore.log";

@@ -12,7 +12,7 @@ use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::sys;
-use crate::tracer::{Counters, Fault, Sink, Targets, TraceEvent, TracerError};
+use crate::types::{Counters, Fault, Sink, Targets, TraceEvent, TracerError};
 
 /// The object built from `bpf/tracer.bpf.c`.
 static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tracer.bpf.o"));

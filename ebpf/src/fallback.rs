@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::sys;
-use crate::tracer::{read_oom_kills, Fault, Sink, Target, Targets, TraceEvent, TracerError};
+use crate::types::{read_oom_kills, Fault, Sink, Target, Targets, TraceEvent, TracerError};
 
 /// Poll period: the longest a fault waits to be noticed (init death wakes the poll at once).
 const PERIOD_MS: i32 = 20;

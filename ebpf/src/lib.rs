@@ -57,6 +57,7 @@ pub mod devices;
 mod fallback;
 mod sys;
 mod tracer;
+mod types;
 
 pub use devices::{AttachMode, CharDevice, DeviceProgram, DeviceProgramError};
 pub use tracer::{

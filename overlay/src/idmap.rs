@@ -136,7 +136,7 @@ impl AttachedTree {
 
 impl Drop for AttachedTree {
     fn drop(&mut self) {
-        if let Err(e) = crate::mount::unmount(&self.target) {
+        if let Err(e) = crate::mount::points::unmount(&self.target) {
             tracing::warn!(target = %self.target.display(), error = %e, "detaching an idmapped layer failed");
         }
         let _ = std::fs::remove_dir(&self.target);

@@ -1,10 +1,10 @@
 //! Images: unpack a tar stream into a fresh directory that becomes the read-only lower layer
 //! of sandboxes, with the hardened tree builder of [`install_upper`](crate::install_upper).
 //!
-//! The stream is hostile: it comes from a socket client (an archive it passed, or a tree a
-//! process running with its credentials walked). Everything [`install_upper`] checks is
-//! checked here (names, `..`, symlinked parents, link targets, sizes, extension headers,
-//! entry types, the end marker), and what a flat image must not hold is refused on top:
+//! The stream is hostile: it comes from a socket client (an archive it passed, or a tree a process
+//! running with its credentials walked). Everything [`install_upper`](crate::install_upper) checks
+//! is checked here (names, `..`, symlinked parents, link targets, sizes, extension headers, entry
+//! types, the end marker), and what a flat image must not hold is refused on top:
 //!
 //! - **device nodes** (character or block, any numbers): a device node in an image gives
 //!   every sandbox of it raw access to a host device. Those under the image's top-level
@@ -26,8 +26,10 @@ use std::io::{self, Read};
 use std::path::Path;
 use std::time::Instant;
 
-use crate::install::{InstallError, InstallLimits};
-use crate::tree::{lossy, open_empty_target, path_of, ContentSource, Installer, MemberKind};
+use crate::tree::{
+    lossy, open_empty_target, path_of, ContentSource, InstallError, InstallLimits, Installer,
+    MemberKind,
+};
 use crate::unpack::{for_each_member, Content};
 
 /// How [`install_image`] treats a stream.

@@ -3,22 +3,39 @@
 //!
 //! A sandbox's root is an overlay of a read-only image (the lower layers) and a private,
 //! writable **upper directory**. Everything the sandbox changed lives in the upper layer,
-//! so the file-system half F_k of a checkpoint is a capture of it. Checkpoints use the
-//! incremental, content-addressed format of [`layer`]: [`layer::capture_layer`] runs while
-//! the sandbox cgroup is frozen and reads only what changed since the previous capture,
-//! [`layer::materialize_layer`] recreates the upper directory of the restored sandbox, and
-//! [`OverlayMount`] mounts it over the same image. [`capture_upper`] / [`install_upper`]
-//! write and read the same layer as one self-contained tar archive (a portable form of a
-//! layer, with the same hardening). [`tree_digest`] lets tests prove that the merged view
-//! came back identical. [`remove_tree`] deletes trees a sandbox wrote (instance, sandbox
-//! and checkpoint dirs) without recursion, with a bounded number of fds, without following
-//! a symlink or leaving the root's mount.
+//! so the file-system half F_k of a checkpoint is a capture of it. The crate holds two
+//! forms of a captured upper layer.
 //!
-//! Images (the read-only lower layers) use the same two halves on other inputs:
-//! [`archive_tree`] streams a tar of any directory fd (run it with the credentials of whoever
-//! the tree is read for), and [`install_image`] unpacks a tar stream with the hardened tree
-//! builder under the rules of a flat image (device nodes refused, those under `dev/`
-//! dropped, no whiteouts, no overlay attributes; see [`image`]).
+//! **The layer form ([`layer`]) is the production path**, the one checkpoints use (paper:
+//! "Environment-state recovery"): an incremental, content-addressed manifest plus blobs in a
+//! per-node store. [`layer::capture_layer`] runs while the sandbox cgroup is frozen and reads
+//! only what changed since the previous capture, [`layer::materialize_layer`] recreates the
+//! upper directory of the restored sandbox, and [`OverlayMount`] mounts it over the same
+//! image. [`tree_digest`] lets tests prove that the merged view came back identical.
+//! [`remove_tree`] deletes trees a sandbox wrote (instance, sandbox and checkpoint dirs)
+//! without recursion, with a bounded number of fds, without following a symlink or leaving
+//! the root's mount.
+//!
+//! **The tar form** is the older, self-contained one: a layer as one tar archive, with the
+//! same hardening (format below). Its halves now serve other inputs:
+//!
+//! - Image import (the agent's `images` module and its `tree` helper process):
+//!   [`archive_tree`] streams a tar of any directory fd (run it with the credentials of
+//!   whoever the tree is read for), and [`install_image`] unpacks a tar stream with the
+//!   hardened tree builder under the rules of a flat image (device nodes refused, those
+//!   under `dev/` dropped, no whiteouts, no overlay attributes; see [`image`]). Their types
+//!   ([`CaptureError`], [`CaptureStats`], [`InstallError`], [`InstallLimits`]) are shared
+//!   with the layer form.
+//! - [`capture_upper`] / [`capture_upper_with_limits`] / [`install_upper`] (an upper
+//!   directory to a tar file and back) are used only by this crate's own tests and its
+//!   `capture` benchmark; no checkpoint path calls them.
+//!
+//! Modules: [`layer`] (the layer form); [`capture`] and [`install`] (the tar form's
+//! writer and reader, on a tar file), [`image`] (tar streams into images), with private
+//! `format` (tar/PAX constants), `unpack` (the tar member reader) and `sink` (archive
+//! outputs); `tree` (the hardened tree builder both forms install with), `walk` (the
+//! bounded sorted walk every capture and digest uses), [`digest`], [`mount`], `idmap`
+//! (idmapped lower layers), [`remove`] and `sys` (syscall wrappers).
 //!
 //! # What an upper layer contains (overlayfs, as root sees the upper directory)
 //!

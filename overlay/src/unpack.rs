@@ -11,10 +11,9 @@ use tar::{Entries, Entry, EntryType, Header};
 use crate::format::{
     parse_mtime, parse_pax_records, xattr_name_from_key, MAX_EXTENSION_BYTES, MAX_PATH_BYTES,
 };
-use crate::install::InstallError;
 use crate::tree::{
     check_symlink_target, check_xattr, lossy, name_error, parse_hardlink_target, parse_name,
-    path_of, Member, MemberKind, RegularData,
+    path_of, InstallError, Member, MemberKind, RegularData,
 };
 
 /// Where the content of regular members is read from.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-use crate::SyscallError;
+use crate::sys::SyscallError;
 
 /// What the restore would do with a path named by the images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

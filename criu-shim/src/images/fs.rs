@@ -16,6 +16,10 @@
 //! points: strictly for paths the kernel wrote at dump time (file descriptors), or following
 //! symbolic links with chroot semantics (absolute targets restart at the root, `..` stops
 //! there) for unix-socket names, which CRIU binds inside `chroot(<restored root>)`.
+//!
+//! A walk that stops is a [`WalkError`]; [`walk_error`] turns it into the validator's
+//! [`UnsafeImagePath`] for the image being checked. Path components and [`Entry`] are in
+//! `path`.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -25,66 +29,13 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, Mode, SFlag};
 
-use super::error::UnsafeKind;
+use super::error::{PathOp, UnsafeImagePath, UnsafeKind};
+use super::path::{show, Comps, Entry};
 use super::tmpfs::TarTree;
-use crate::SyscallError;
-
-/// Path components (no `/`, never empty, `.` or `..`).
-pub(crate) type Comps = Vec<Vec<u8>>;
-
-/// Longest path accepted (CRIU builds paths of up to `PATH_MAX` = 4096 bytes with a yard
-/// prefix and suffixes, and silently truncates longer ones).
-pub(crate) const MAX_PATH: usize = 3800;
+use crate::sys::SyscallError;
 
 /// Most symbolic links followed in one resolution (the kernel's limit).
 const MAX_SYMLINKS: usize = 40;
-
-/// What a name is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Entry {
-    Dir,
-    Symlink(Vec<u8>),
-    /// Anything else: file, fifo, socket, device.
-    Other,
-    Missing,
-    /// A procfs entry that is not a magic link (its kind is not known, traversal is allowed).
-    Proc,
-    /// A procfs magic link or symlink (`self`, `<pid>/cwd`, `<pid>/fd/<n>`, ...).
-    MagicLink,
-}
-
-/// Splits a path into components, dropping empty and `.` ones; refuses NUL, `..` and paths
-/// longer than [`MAX_PATH`].
-pub(crate) fn split(path: &[u8]) -> Result<Comps, UnsafeKind> {
-    if path.len() > MAX_PATH {
-        return Err(UnsafeKind::TooLong { len: path.len() });
-    }
-    if path.contains(&0) {
-        return Err(UnsafeKind::Nul);
-    }
-    let mut out = Vec::new();
-    for c in path.split(|b| *b == b'/') {
-        match c {
-            b"" | b"." => {}
-            b".." => return Err(UnsafeKind::DotDot),
-            c => out.push(c.to_vec()),
-        }
-    }
-    Ok(out)
-}
-
-/// `/a/b` for display.
-pub(crate) fn show(comps: &[Vec<u8>]) -> String {
-    if comps.is_empty() {
-        return "/".into();
-    }
-    let mut s = String::new();
-    for c in comps {
-        s.push('/');
-        s.push_str(&String::from_utf8_lossy(c));
-    }
-    s
-}
 
 /// One file system of the restored tree.
 #[derive(Debug)]
@@ -416,6 +367,27 @@ pub(crate) enum LookupError {
     Syscall { path: String, source: SyscallError },
 }
 
+/// The validator's error for a refused path of `image`.
+pub(super) fn refuse(image: &str, op: PathOp, path: &[u8], kind: UnsafeKind) -> UnsafeImagePath {
+    UnsafeImagePath::Unsafe {
+        image: image.to_string(),
+        op,
+        path: String::from_utf8_lossy(path).into_owned(),
+        kind,
+    }
+}
+
+/// Maps a failed walk to the validator's error.
+pub(super) fn walk_error(image: &str, op: PathOp, path: &[u8], e: WalkError) -> UnsafeImagePath {
+    match e {
+        WalkError::Unsafe(kind) => refuse(image, op, path, kind),
+        WalkError::Lookup(LookupError::Syscall { path, source }) => {
+            UnsafeImagePath::Lookup { path, source }
+        }
+        WalkError::Lookup(LookupError::Unsafe(kind)) => refuse(image, op, path, kind),
+    }
+}
+
 /// Looks `comps` up beneath the root fd: `O_PATH | O_NOFOLLOW` with `RESOLVE_BENEATH |
 /// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS` (and `RESOLVE_NO_XDEV`), then `fstat`, and
 /// `readlinkat` for a symbolic link (only the leaf can be one: the prefixes are directories).
@@ -481,20 +453,10 @@ fn root_lookup(root: &OwnedFd, comps: &[Vec<u8>], no_xdev: bool) -> Result<Entry
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::images::path::split;
 
     fn c(p: &str) -> Comps {
         split(p.as_bytes()).unwrap()
-    }
-
-    #[test]
-    fn split_drops_noise_and_refuses_dotdot_and_nul() {
-        assert_eq!(c("/a//b/./c/"), c("a/b/c"));
-        assert_eq!(split(b"/a/../b"), Err(UnsafeKind::DotDot));
-        assert_eq!(split(b"/a\0b"), Err(UnsafeKind::Nul));
-        assert!(matches!(
-            split(&[b'a'; 5000]),
-            Err(UnsafeKind::TooLong { .. })
-        ));
     }
 
     #[test]

@@ -97,6 +97,7 @@ mod entries;
 mod error;
 mod fs;
 mod mounts;
+mod path;
 mod sockets;
 #[cfg(test)]
 mod testutil;

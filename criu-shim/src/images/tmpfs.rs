@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::Read;
 
 use super::error::UnsafeKind;
-use super::fs::{split, Comps, Entry};
+use super::path::{split, Comps, Entry};
 
 /// Character devices (major, minor) a container `/dev` holds: null, zero, full, random,
 /// urandom, tty, ptmx. Archive members and ghost files of other devices are refused: CRIU would

@@ -14,11 +14,12 @@ use super::entries::{
     MNTS_MAGIC, REMAP_FPATH_MAGIC,
 };
 use super::error::{PathOp, UnsafeImagePath, UnsafeKind};
-use super::fs::{show, split, Comps, Entry, Fs, Mount, Walk, WalkError, World};
+use super::fs::{refuse, walk_error, Fs, Mount, Walk, WalkError, World};
 use super::mounts::{self, AllowedBind};
+use super::path::{show, split, Comps, Entry};
 use super::tmpfs::ALLOWED_CHAR_DEVICES;
 use super::wire::{self, Image, ImageError, WireError};
-use crate::SyscallError;
+use crate::sys::SyscallError;
 
 /// What [`validate_restore_paths`] checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -188,26 +189,6 @@ struct Check<'a> {
     mntns: bool,
     files: &'a Files,
     report: ImagePathReport,
-}
-
-fn refuse(image: &str, op: PathOp, path: &[u8], kind: UnsafeKind) -> UnsafeImagePath {
-    UnsafeImagePath::Unsafe {
-        image: image.to_string(),
-        op,
-        path: String::from_utf8_lossy(path).into_owned(),
-        kind,
-    }
-}
-
-/// Maps a failed walk to the validator's error.
-pub(super) fn walk_error(image: &str, op: PathOp, path: &[u8], e: WalkError) -> UnsafeImagePath {
-    match e {
-        WalkError::Unsafe(kind) => refuse(image, op, path, kind),
-        WalkError::Lookup(super::fs::LookupError::Syscall { path, source }) => {
-            UnsafeImagePath::Lookup { path, source }
-        }
-        WalkError::Lookup(super::fs::LookupError::Unsafe(kind)) => refuse(image, op, path, kind),
-    }
 }
 
 /// A regular file's `name`: `/` then the path from the namespace root.

@@ -8,11 +8,10 @@ use super::blobs::BlobStore;
 use super::capture::LayerCaptureOptions;
 use super::extents::extents_valid;
 use super::manifest::{EntryKind, LayerEntry, LayerManifest};
-use crate::install::{InstallError, InstallLimits, InstallStats};
 use crate::tree::{
     check_device, check_symlink_target, check_xattr, name_error, open_empty_target,
-    parse_hardlink_target, parse_name, path_of, ContentSource, Installer, Member, MemberKind,
-    RegularData,
+    parse_hardlink_target, parse_name, path_of, ContentSource, InstallError, InstallLimits,
+    InstallStats, Installer, Member, MemberKind, RegularData,
 };
 use crate::walk::{walk, WalkEntry, WalkErrorSink, WalkFailure};
 

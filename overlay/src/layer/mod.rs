@@ -59,10 +59,10 @@
 //! ([`InstallLimits`](crate::InstallLimits)) bound entries, data per file, data in total and
 //! apparent sizes.
 
-mod blobs;
+pub(crate) mod blobs;
 mod capture;
 mod extents;
-mod manifest;
+pub(crate) mod manifest;
 mod materialize;
 mod warm;
 

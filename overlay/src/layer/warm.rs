@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::capture::CaptureError;
-use crate::install::InstallLimits;
+use crate::tree::InstallLimits;
 use crate::walk::{walk, WalkEntry};
 
 /// Walks the upper directory `upper` as a capture does (no-follow, one `statx` per entry,

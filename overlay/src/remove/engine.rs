@@ -12,7 +12,8 @@ use rustix::fs::{
 };
 use rustix::io::Errno;
 
-use super::{RemoveError, RemoveOptions, RemoveStats};
+use super::error::RemoveError;
+use super::options::{RemoveOptions, RemoveStats};
 use crate::sys::{Call, SyscallError};
 
 /// The filesystem and mount an entry is on.

@@ -1,204 +1,22 @@
-//! The hardened tree builder shared by [`install_upper`](crate::install_upper) (tar
-//! archives) and [`materialize_layer`](crate::layer::materialize_layer) (layer manifests
-//! and blobs): it creates checked members in a fresh upper directory and never writes
-//! outside it.
-//!
-//! Nothing is ever resolved through a symlink: every parent directory is opened with
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`
-//! relative to the target, every leaf is created with an `*at` call relative to that parent
-//! fd (`O_CREAT | O_EXCL | O_NOFOLLOW`, `mkdirat`, `symlinkat`, `mknodat`, `linkat`), and
-//! metadata is set through the new fd or with `AT_SYMLINK_NOFOLLOW`. Names, entry types,
-//! devices, extended attributes and sizes are checked by the callers with
-//! [`parse_name`] and [`check_xattr`] before anything is created.
+//! The [`Installer`]: creates checked members, in pre-order, beneath one fresh target
+//! directory, and never writes outside it (see the `tree` module docs), enforcing
+//! [`InstallLimits`] as it goes; directory modes and times are applied last
+//! ([`Installer::finish`]).
 
 use std::collections::HashSet;
-use std::ffi::OsStr;
-use std::fs::File;
-use std::io::{self, Read};
+use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 use std::rc::Rc;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use rustix::process::{Gid, Uid};
 
-use crate::format::{is_layer_xattr, MAX_NAME_BYTES, MAX_PATH_BYTES, MAX_XATTR_VALUE_BYTES};
-use crate::install::{InstallError, InstallLimits, InstallStats};
-use crate::layer::{BlobId, BlobStore, Extent};
+use super::content::ContentSource;
+use super::error::{lossy, path_of, InstallError};
+use super::limits::{InstallLimits, InstallStats};
+use super::member::{check_device, Member, MemberKind};
 use crate::sys::{self, Call, SyscallError, Xattr};
-
-/// One member (archive member or manifest entry), decoded and checked, not yet installed.
-pub(crate) struct Member {
-    /// The name as written (for error messages).
-    pub raw: Vec<u8>,
-    /// Normalised components; empty for the root.
-    pub components: Vec<Vec<u8>>,
-    pub kind: MemberKind,
-    /// Permission and setuid/setgid/sticky bits.
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    /// Modification time: seconds and nanoseconds.
-    pub mtime: (i64, u32),
-    pub xattrs: Vec<Xattr>,
-}
-
-/// What a member is.
-pub(crate) enum MemberKind {
-    Directory,
-    /// A regular file of `size` bytes (apparent size, holes included).
-    Regular {
-        size: u64,
-        data: RegularData,
-    },
-    Symlink {
-        target: Vec<u8>,
-    },
-    Hardlink {
-        target: Vec<Vec<u8>>,
-    },
-    Whiteout,
-    Fifo,
-    /// A character or block device node as read from an archive, before the caller's rules
-    /// (whiteout, refused, dropped) decided about it; never created.
-    Device {
-        block: bool,
-        major: u32,
-        minor: u32,
-    },
-}
-
-/// Where a regular file's content comes from.
-pub(crate) enum RegularData {
-    /// `size` bytes at `offset` of the tar archive being installed.
-    Archive { offset: u64 },
-    /// The data extents of the file, filled from one blob of the store (the extents'
-    /// bytes concatenated); the rest of the file is holes.
-    Blob {
-        blob: Option<BlobId>,
-        extents: Vec<Extent>,
-    },
-    /// `size` bytes read from the member's reader in a tar stream.
-    Stream,
-}
-
-impl RegularData {
-    /// Bytes of data the file holds (holes excluded), given its apparent size.
-    fn data_bytes(&self, size: u64) -> u64 {
-        match self {
-            RegularData::Archive { .. } | RegularData::Stream => size,
-            RegularData::Blob { extents, .. } => extents.iter().map(|e| e.len).sum(),
-        }
-    }
-}
-
-/// Where the builder reads regular-file content from.
-pub(crate) enum ContentSource<'a> {
-    /// The tar archive file (members carry [`RegularData::Archive`]).
-    Archive(&'a File),
-    /// The blob store (members carry [`RegularData::Blob`]); `verify` re-hashes every
-    /// blob while copying it.
-    Blobs { store: &'a BlobStore, verify: bool },
-    /// A tar stream (members carry [`RegularData::Stream`]; the content reader comes with
-    /// each member, see [`Installer::install_from`]).
-    Stream,
-}
-
-pub(crate) fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-pub(crate) fn path_of(raw: &[u8]) -> PathBuf {
-    PathBuf::from(OsStr::from_bytes(raw))
-}
-
-/// Why a member name is rejected.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum NameError {
-    Invalid(&'static str),
-    TooLong(usize),
-    ComponentTooLong(usize),
-}
-
-/// Splits a member name into components (empty for the root: `.`, `./`), rejecting
-/// everything that could leave the target or is ambiguous.
-pub(crate) fn parse_name(raw: &[u8], is_dir: bool) -> Result<Vec<Vec<u8>>, NameError> {
-    if raw.is_empty() {
-        return Err(NameError::Invalid("empty name"));
-    }
-    if raw.len() > MAX_PATH_BYTES {
-        return Err(NameError::TooLong(raw.len()));
-    }
-    if raw.contains(&0) {
-        return Err(NameError::Invalid("NUL byte"));
-    }
-    if raw[0] == b'/' {
-        return Err(NameError::Invalid("absolute path"));
-    }
-    let mut name = raw;
-    if name == b"." {
-        name = b"";
-    } else if let Some(rest) = name.strip_prefix(b"./") {
-        name = rest;
-    }
-    if let Some(rest) = name.strip_suffix(b"/") {
-        if !is_dir {
-            return Err(NameError::Invalid("trailing slash on a non-directory"));
-        }
-        name = rest;
-    }
-    if name.is_empty() {
-        return Ok(Vec::new());
-    }
-    name.split(|b| *b == b'/')
-        .map(|component| match component {
-            b"" => Err(NameError::Invalid("empty component")),
-            b"." => Err(NameError::Invalid("`.` component")),
-            b".." => Err(NameError::Invalid("`..` component")),
-            c if c.len() > MAX_NAME_BYTES => Err(NameError::ComponentTooLong(c.len())),
-            c => Ok(c.to_vec()),
-        })
-        .collect()
-}
-
-pub(crate) fn name_error(raw: &[u8], err: NameError) -> InstallError {
-    let path = path_of(raw);
-    match err {
-        NameError::Invalid(reason) => InstallError::InvalidName { path, reason },
-        NameError::TooLong(len) => InstallError::NameTooLong {
-            path,
-            len,
-            max: MAX_PATH_BYTES,
-        },
-        NameError::ComponentTooLong(len) => InstallError::ComponentTooLong {
-            path,
-            len,
-            max: MAX_NAME_BYTES,
-        },
-    }
-}
-
-pub(crate) fn check_xattr(raw: &[u8], name: &[u8], value: &[u8]) -> Result<(), InstallError> {
-    let reason = if name.is_empty() || name.len() > MAX_NAME_BYTES || name.contains(&0) {
-        Some("invalid name")
-    } else if !is_layer_xattr(name) {
-        Some("namespace not allowed")
-    } else if value.len() > MAX_XATTR_VALUE_BYTES {
-        Some("value larger than 64 KiB")
-    } else {
-        None
-    };
-    match reason {
-        Some(reason) => Err(InstallError::ForbiddenXattr {
-            path: path_of(raw),
-            name: lossy(name),
-            reason,
-        }),
-        None => Ok(()),
-    }
-}
 
 /// Opens `target`, which must be an existing, empty directory (not a symlink to one).
 pub(crate) fn open_empty_target(target: &std::path::Path) -> Result<OwnedFd, InstallError> {
@@ -216,62 +34,6 @@ pub(crate) fn open_empty_target(target: &std::path::Path) -> Result<OwnedFd, Ins
         });
     }
     Ok(fd)
-}
-
-/// Checks a symlink target: not empty, no NUL, at most 4096 bytes. The target itself is
-/// never resolved, so any other content is allowed (absolute, `..`, dangling).
-pub(crate) fn check_symlink_target(raw: &[u8], target: &[u8]) -> Result<(), InstallError> {
-    let reason = if target.is_empty() {
-        "empty"
-    } else if target.contains(&0) {
-        "NUL byte"
-    } else if target.len() > MAX_PATH_BYTES {
-        "longer than 4096 bytes"
-    } else {
-        return Ok(());
-    };
-    Err(InstallError::InvalidLinkTarget {
-        path: path_of(raw),
-        target: lossy(target),
-        reason,
-    })
-}
-
-/// Parses a hardlink target with the member-name rules; the root is not a valid target.
-pub(crate) fn parse_hardlink_target(
-    raw: &[u8],
-    target: &[u8],
-) -> Result<Vec<Vec<u8>>, InstallError> {
-    let invalid = |reason| InstallError::InvalidLinkTarget {
-        path: path_of(raw),
-        target: lossy(target),
-        reason,
-    };
-    match parse_name(target, false) {
-        Ok(c) if c.is_empty() => Err(invalid("the root")),
-        Ok(c) => Ok(c),
-        Err(NameError::Invalid(reason)) => Err(invalid(reason)),
-        Err(NameError::TooLong(_)) => Err(invalid("longer than 4096 bytes")),
-        Err(NameError::ComponentTooLong(_)) => Err(invalid("a component longer than 255 bytes")),
-    }
-}
-
-/// Accepts only overlay whiteouts: 0:0 character devices.
-pub(crate) fn check_device(
-    raw: &[u8],
-    block: bool,
-    major: u32,
-    minor: u32,
-) -> Result<(), InstallError> {
-    if block || major != 0 || minor != 0 {
-        return Err(InstallError::ForbiddenDevice {
-            path: path_of(raw),
-            kind: if block { "block" } else { "character" },
-            major,
-            minor,
-        });
-    }
-    Ok(())
 }
 
 /// A directory whose mode and times are applied after all members are installed.
@@ -304,8 +66,6 @@ pub(crate) struct Installer<'a> {
 /// Most directory fds the installer's chain holds, whatever the depth of the layer (a
 /// 2048-deep layer would otherwise hold 2048 fds of the daemon while it is materialized).
 const CHAIN_MAX: usize = 16;
-/// Bytes copied per read from a streamed member.
-const STREAM_CHUNK: usize = 256 << 10;
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
@@ -392,118 +152,6 @@ impl<'a> Installer<'a> {
         self.chain.push((parent.to_vec(), fd.clone()));
         Ok(fd)
     }
-
-    /// Writes the content of a new regular file of `size` bytes; returns the data bytes
-    /// written (holes are left as holes) and, of those, the bytes placed with
-    /// `copy_file_range` (extents possibly shared with the source).
-    fn fill(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        raw: &[u8],
-        size: u64,
-        data: &RegularData,
-        reader: Option<&mut dyn Read>,
-    ) -> Result<(u64, u64), InstallError> {
-        match (data, &self.content) {
-            (RegularData::Stream, ContentSource::Stream) => match reader {
-                Some(reader) => self.fill_from_stream(fd, raw, size, reader).map(|n| (n, 0)),
-                None => Err(InstallError::UnsupportedEntry {
-                    path: path_of(raw),
-                    kind: '0',
-                }),
-            },
-            (RegularData::Archive { offset }, ContentSource::Archive(archive)) => {
-                if size == 0 {
-                    return Ok((0, 0));
-                }
-                let copied =
-                    sys::copy_range(archive.as_fd(), *offset, fd, 0, size).map_err(|source| {
-                        InstallError::CopyContent {
-                            path: path_of(raw),
-                            source,
-                        }
-                    })?;
-                if copied < size {
-                    return Err(InstallError::ArchiveTruncated {
-                        path: path_of(raw),
-                        expected: size,
-                        copied,
-                    });
-                }
-                Ok((size, size))
-            }
-            (RegularData::Blob { blob, extents }, ContentSource::Blobs { store, verify }) => {
-                let covered = extents.last().map_or(0, |e| e.offset + e.len);
-                if covered < size {
-                    // Trailing hole: the file gets its apparent size without data.
-                    rustix::fs::ftruncate(fd, size)
-                        .call("ftruncate")
-                        .map_err(|source| InstallError::CopyContent {
-                            path: path_of(raw),
-                            source,
-                        })?;
-                }
-                match blob {
-                    Some(blob) => {
-                        store
-                            .write_extents(blob, extents, fd, *verify)
-                            .map_err(|source| InstallError::Blob {
-                                path: path_of(raw),
-                                source,
-                            })
-                    }
-                    None => Ok((0, 0)),
-                }
-            }
-            _ => Err(InstallError::UnsupportedEntry {
-                path: path_of(raw),
-                kind: '0',
-            }),
-        }
-    }
-
-    /// Copies exactly `size` bytes from `reader` into the new file `fd`.
-    fn fill_from_stream(
-        &mut self,
-        fd: BorrowedFd<'_>,
-        raw: &[u8],
-        size: u64,
-        reader: &mut dyn Read,
-    ) -> Result<u64, InstallError> {
-        if self.buf.is_empty() {
-            self.buf = vec![0; STREAM_CHUNK];
-        }
-        let mut copied = 0u64;
-        while copied < size {
-            let want = (size - copied).min(self.buf.len() as u64) as usize;
-            let n = match reader.read(&mut self.buf[..want]) {
-                Ok(0) => {
-                    return Err(InstallError::ArchiveTruncated {
-                        path: path_of(raw),
-                        expected: size,
-                        copied,
-                    })
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    return Err(InstallError::ReadMember {
-                        path: path_of(raw),
-                        source,
-                    })
-                }
-            };
-            sys::write_all_at(fd, &self.buf[..n], copied).map_err(|source| {
-                InstallError::CopyContent {
-                    path: path_of(raw),
-                    source,
-                }
-            })?;
-            copied += n as u64;
-        }
-        Ok(size)
-    }
-
     fn check_limits(&mut self, member: &Member) -> Result<(), InstallError> {
         let path = || path_of(&member.raw);
         if self.stats.entries >= self.limits.max_entries {
@@ -547,7 +195,8 @@ impl<'a> Installer<'a> {
         self.install_from(member, None)
     }
 
-    /// Creates one member whose content (for [`RegularData::Stream`]) is read from `reader`.
+    /// Creates one member whose content (for [`RegularData::Stream`](super::RegularData::Stream))
+    /// is read from `reader`.
     pub(crate) fn install_from(
         &mut self,
         member: Member,
@@ -642,7 +291,9 @@ impl<'a> Installer<'a> {
                 let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600))
                     .call("openat")
                     .map_err(create_err)?;
-                let (written, shared) = self.fill(fd.as_fd(), raw, *size, data, reader)?;
+                let (written, shared) =
+                    self.content
+                        .fill(fd.as_fd(), raw, *size, data, reader, &mut self.buf)?;
                 self.stats.content_bytes += written;
                 self.stats.shared_bytes += shared;
                 set_owner_and_xattrs_fd(fd.as_fd(), &member, &member.xattrs).map_err(meta_err)?;
@@ -803,47 +454,4 @@ fn set_metadata_at(
         AtFlags::SYMLINK_NOFOLLOW,
     )
     .call("utimensat")
-}
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts(name: &str, is_dir: bool) -> Result<Vec<String>, NameError> {
-        parse_name(name.as_bytes(), is_dir).map(|c| {
-            c.into_iter()
-                .map(|c| String::from_utf8(c).unwrap())
-                .collect()
-        })
-    }
-
-    #[test]
-    fn names_are_normalised() {
-        assert_eq!(parts("./", true).unwrap(), Vec::<String>::new());
-        assert_eq!(parts(".", true).unwrap(), Vec::<String>::new());
-        assert_eq!(parts("a/b/", true).unwrap(), ["a", "b"]);
-        assert_eq!(parts("./a/b", false).unwrap(), ["a", "b"]);
-        assert_eq!(parts("a..b/..c", false).unwrap(), ["a..b", "..c"]);
-    }
-
-    #[test]
-    fn hostile_names_are_rejected() {
-        let invalid = |name: &str, is_dir| match parts(name, is_dir) {
-            Err(NameError::Invalid(reason)) => reason,
-            other => panic!("{name:?}: {other:?}"),
-        };
-        assert_eq!(invalid("", false), "empty name");
-        assert_eq!(invalid("/etc/passwd", false), "absolute path");
-        assert_eq!(invalid("../escape", false), "`..` component");
-        assert_eq!(invalid("a/../../b", false), "`..` component");
-        assert_eq!(invalid("a/..", true), "`..` component");
-        assert_eq!(invalid("a//b", false), "empty component");
-        assert_eq!(invalid(".//b", false), "empty component");
-        assert_eq!(invalid("a/./b", false), "`.` component");
-        assert_eq!(invalid("a\0b", false), "NUL byte");
-        assert_eq!(invalid("file/", false), "trailing slash on a non-directory");
-        let long = "x".repeat(256);
-        assert_eq!(parts(&long, false), Err(NameError::ComponentTooLong(256)));
-        let deep = ["y"; 2100].join("/");
-        assert_eq!(parts(&deep, false), Err(NameError::TooLong(4199)));
-    }
 }

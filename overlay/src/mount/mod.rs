@@ -15,12 +15,16 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::io::Errno;
-use rustix::mount::{
-    FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags, UnmountFlags,
-};
+use rustix::mount::{FsMountFlags, FsOpenFlags, MountAttrFlags, MountFlags, MoveMountFlags};
 
 use crate::idmap::{AttachedTree, IdmappedTree};
 use crate::sys::{Call, SyscallError};
+
+mod error;
+pub(crate) mod points;
+
+pub use error::{MountError, MountFailure};
+pub use points::{is_mountpoint, unmount};
 
 /// Options of an overlay mount beyond its layers.
 #[derive(Debug, Clone, Copy, Default)]
@@ -39,87 +43,6 @@ pub struct MountOptions<'a> {
     /// the watch ("Can't dump that handle"). Copy-ups then also record an index entry in
     /// the work dir (`work/index`), and a hard-linked lower file copied up stays one inode.
     pub nfs_export: bool,
-}
-
-/// Why mounting, unmounting or inspecting mounts failed.
-#[derive(Debug, thiserror::Error)]
-pub enum MountError {
-    /// The overlay mount failed: the paths, the failed call with its errno, and what
-    /// overlayfs logged about it.
-    #[error(transparent)]
-    Mount(Box<MountFailure>),
-    /// No lower layer was given.
-    #[error("mounting overlay at {target} failed: no lower layer given")]
-    NoLowerLayer {
-        /// The mount point.
-        target: PathBuf,
-    },
-    /// The kernel only offers `mount(2)` with an option string, and a layer path holds a
-    /// character that string cannot carry.
-    #[error("mounting overlay at {target} failed: layer path {path} contains `,`, `:` or `\\`, which this kernel's mount(2) options cannot carry")]
-    UnsupportedPath {
-        /// The mount point.
-        target: PathBuf,
-        /// The offending layer path.
-        path: PathBuf,
-    },
-    /// `umount2(MNT_DETACH)` failed (other than for "not a mount point").
-    #[error("unmounting {target} failed")]
-    Unmount {
-        /// The mount point.
-        target: PathBuf,
-        /// The failed call.
-        #[source]
-        source: SyscallError,
-    },
-    /// `/proc/self/mountinfo` could not be read.
-    #[error("reading /proc/self/mountinfo failed")]
-    ReadMountinfo {
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// The path to check could not be resolved.
-    #[error("resolving {path} failed")]
-    Resolve {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-}
-
-/// Details of a failed overlay mount.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "mounting overlay at {target} (lower {lowers:?}, upper {upper}, work {work}) failed{}",
-    log_suffix(kernel_log)
-)]
-pub struct MountFailure {
-    /// The mount point.
-    pub target: PathBuf,
-    /// Lower layers, top-most first.
-    pub lowers: Vec<PathBuf>,
-    /// The upper directory.
-    pub upper: PathBuf,
-    /// The work directory.
-    pub work: PathBuf,
-    /// Messages the kernel queued on the filesystem context for this attempt (new mount
-    /// API only), e.g. `"overlay: Unknown parameter 'x'"`. Overlayfs reports most other
-    /// failures (unresolvable layers, bad work directory) only to the kernel log (`dmesg`).
-    pub kernel_log: Vec<String>,
-    /// The failed call and its errno.
-    #[source]
-    pub source: SyscallError,
-}
-
-fn log_suffix(log: &[String]) -> String {
-    if log.is_empty() {
-        String::new()
-    } else {
-        format!(" (kernel: {})", log.join("; "))
-    }
 }
 
 /// A mounted overlay; dropping it detaches the mount (`umount2(target, MNT_DETACH)`)
@@ -246,65 +169,6 @@ impl Drop for OverlayMount {
             tracing::warn!(target = %self.target.display(), error = %err, "detaching overlay failed");
         }
     }
-}
-
-/// Lazily unmounts whatever is mounted at `target` (`umount2(MNT_DETACH)`): `Ok(true)`
-/// when something was, `Ok(false)` when `target` is not a mount point (`EINVAL`).
-/// Errors: [`MountError::Unmount`] (e.g. `ENOENT`, `EPERM`).
-pub fn unmount(target: &Path) -> Result<bool, MountError> {
-    match rustix::mount::unmount(target, UnmountFlags::DETACH) {
-        Ok(()) => {
-            tracing::debug!(target = %target.display(), "unmounted");
-            Ok(true)
-        }
-        Err(Errno::INVAL) => Ok(false),
-        Err(errno) => Err(MountError::Unmount {
-            target: target.to_path_buf(),
-            source: SyscallError::new("umount2", errno),
-        }),
-    }
-}
-
-/// Whether `target` (symlinks resolved) is a mount point in this process's mount
-/// namespace, from `/proc/self/mountinfo`. Errors: [`MountError::Resolve`] (e.g. missing),
-/// [`MountError::ReadMountinfo`].
-pub fn is_mountpoint(target: &Path) -> Result<bool, MountError> {
-    let resolved = std::fs::canonicalize(target).map_err(|source| MountError::Resolve {
-        path: target.to_path_buf(),
-        source,
-    })?;
-    let info = std::fs::read("/proc/self/mountinfo")
-        .map_err(|source| MountError::ReadMountinfo { source })?;
-    let found = mount_points(&info).any(|point| point == resolved.as_os_str().as_bytes());
-    Ok(found)
-}
-
-/// The mount point field (5th) of every mountinfo line, octal escapes decoded.
-fn mount_points(info: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    info.split(|b| *b == b'\n')
-        .filter_map(|line| line.split(|b| *b == b' ').nth(4))
-        .map(unescape_octal)
-}
-
-/// Decodes the `\ooo` escapes mountinfo uses for space, tab, newline and backslash.
-fn unescape_octal(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut i = 0;
-    while i < field.len() {
-        let digits = field.get(i + 1..i + 4);
-        match digits {
-            Some(d) if field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)) => {
-                let value = d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
-                out.push(value as u8);
-                i += 4;
-            }
-            _ => {
-                out.push(field[i]);
-                i += 1;
-            }
-        }
-    }
-    out
 }
 
 enum NewApiError {
@@ -550,16 +414,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mountinfo_fields_are_unescaped() {
-        let info = b"22 1 8:1 / / rw - ext4 /dev/sda rw\n\
-                     68 22 0:41 / /tmp/a\\040b\\134c rw - overlay overlay rw\n";
-        let points: Vec<Vec<u8>> = mount_points(info).collect();
-        assert_eq!(points, [b"/".to_vec(), b"/tmp/a b\\c".to_vec()]);
-        assert_eq!(unescape_octal(b"x\\01"), b"x\\01");
-        assert_eq!(unescape_octal(b"\\011"), b"\t");
-    }
-
-    #[test]
     fn legacy_mount_refuses_unrepresentable_paths() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
@@ -568,17 +422,5 @@ mod tests {
             Err(LegacyError::UnsupportedPath(path)) => assert_eq!(path, bad),
             _ => panic!("expected UnsupportedPath"),
         }
-    }
-
-    #[test]
-    fn unmount_of_a_plain_directory_is_false() {
-        let dir = tempfile::tempdir().unwrap();
-        assert!(!unmount(dir.path()).unwrap());
-        assert!(!is_mountpoint(dir.path()).unwrap());
-        assert!(is_mountpoint(Path::new("/")).unwrap());
-        assert!(matches!(
-            unmount(&dir.path().join("missing")),
-            Err(MountError::Unmount { .. })
-        ));
     }
 }
