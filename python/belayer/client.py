@@ -356,6 +356,10 @@ class Client(_Handle):
         """Feeds the checkpoint policy of sandbox ``id`` the step that reached boundary
         ``prefix``; the daemon checkpoints (with ``context``) when the policy says so.
 
+        The daemon knows from its tracer whether any action changed the sandbox since its
+        ready checkpoint (or since it was created or restored): when nothing did, the adaptive
+        policy skips with reason ``"clean"`` (the ready checkpoint already holds this state).
+
         Args:
             step_duration_s: d_t, the step's wall-clock duration (LLM plus action), seconds.
             regen_cost_s: C_t, seconds; ``None``: the daemon sums the step durations since
