@@ -109,11 +109,6 @@ impl Failure {
     }
 }
 
-/// `err` and its chain of sources, joined with `": "`.
-pub fn chain(err: &dyn std::error::Error) -> String {
-    crate::error_chain(err)
-}
-
 /// Runs `body`, turning a failure or a panic into a status code and the thread's last error.
 pub fn guard(body: impl FnOnce() -> Result<(), Failure>) -> c_int {
     match catch_unwind(AssertUnwindSafe(body)) {

@@ -27,12 +27,13 @@ use super::client::{MemClient, MemClientError};
 use super::layout::Layout;
 use super::mapping::{MapError, Mapping, Placeholder};
 use super::message::{AttachRequest, Backend, LeaseMode};
+use crate::error_chain;
 pub use crate::ffi::{
     belayer_last_error, BELAYER_E_CONNECT, BELAYER_E_CUDA, BELAYER_E_INVALID_ARGUMENT,
     BELAYER_E_LAYOUT, BELAYER_E_MAP, BELAYER_E_OWNER_GONE, BELAYER_E_PANIC, BELAYER_E_REFUSED,
     BELAYER_OK,
 };
-use crate::ffi::{chain, guard, text, writable, Failure};
+use crate::ffi::{guard, text, writable, Failure};
 
 /// Lease mode [`LeaseMode::Read`].
 pub const BELAYER_LEASE_READ: c_int = 0;
@@ -58,13 +59,13 @@ impl From<MemClientError> for Failure {
             MemClientError::Map { source, .. } => map_code(source),
             _ => BELAYER_E_CONNECT,
         };
-        Failure::new(code, chain(&err))
+        Failure::new(code, error_chain(&err))
     }
 }
 
 impl From<MapError> for Failure {
     fn from(err: MapError) -> Failure {
-        Failure::new(map_code(&err), chain(&err))
+        Failure::new(map_code(&err), error_chain(&err))
     }
 }
 
@@ -133,7 +134,7 @@ pub unsafe extern "C" fn belayer_mem_layout_hash(
             return Err(Failure::invalid("out_hash"));
         }
         let layout = Layout::load(std::path::Path::new(path))
-            .map_err(|err| Failure::new(BELAYER_E_LAYOUT, chain(&err)))?;
+            .map_err(|err| Failure::new(BELAYER_E_LAYOUT, error_chain(&err)))?;
         let hash = CString::new(layout.hash()).map_err(|_| Failure::invalid("hash"))?;
         let bytes = hash.as_bytes_with_nul();
         // SAFETY: `out_hash` points at 65 writable bytes (contract); the hash is 64 bytes plus
@@ -366,7 +367,7 @@ pub unsafe extern "C" fn belayer_mem_owner_alive(client: *const BelayerMemClient
         client
             .0
             .owner_alive()
-            .map_err(|err| Failure::new(BELAYER_E_OWNER_GONE, chain(&err)))
+            .map_err(|err| Failure::new(BELAYER_E_OWNER_GONE, error_chain(&err)))
     })
 }
 
@@ -379,7 +380,7 @@ pub unsafe extern "C" fn belayer_mem_owner_alive(client: *const BelayerMemClient
 pub unsafe extern "C" fn belayer_gpu_health_check(device: c_int, micros: *mut u64) -> c_int {
     guard(|| {
         let took = super::cuda::health_check(device)
-            .map_err(|err| Failure::new(BELAYER_E_CUDA, chain(&err)))?;
+            .map_err(|err| Failure::new(BELAYER_E_CUDA, error_chain(&err)))?;
         // SAFETY: forwarded from this function's contract (null allowed).
         if let Some(micros) = unsafe { micros.as_mut() } {
             *micros = took.as_micros() as u64;

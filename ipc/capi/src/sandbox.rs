@@ -1,0 +1,239 @@
+//! Images, sandboxes and actions: import, create, inspect, destroy, exec.
+
+use belayer_ipc::ffi::{guard, text, writable};
+use belayer_ipc::{ExecRequest, Request, Response, SandboxSpec};
+use std::ffi::{c_char, c_int};
+
+use crate::convert::*;
+use crate::types::*;
+
+/// Imports the rootfs directory or tar archive (plain, gzip, zstd) at `source` as the
+/// read-only image `name`, owned by the calling process's uid. The library opens `source`
+/// itself, with this process's rights, and passes the descriptor to the daemon, which reads
+/// only what this process may read (a directory is walked with its uid and groups). Device
+/// nodes are refused, except under the source's top-level `/dev`, where they are left out.
+///
+/// Errors: daemon codes (`BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST` for a refused
+/// entry such as a device node, `BELAYER_E_PERMISSION_DENIED` for an entry this process may
+/// not read, ...), `BELAYER_E_PERMISSION_DENIED` or `BELAYER_E_INVALID_ARGUMENT` when
+/// `source` cannot be opened here, `BELAYER_E_CONNECT`, `BELAYER_E_BAD_HANDLE`.
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `name` and `source` are NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_image_import(
+    client: BelayerClient,
+    name: *const c_char,
+    source: *const c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (name, source) = unsafe { (text(name, "name")?, text(source, "source")?) };
+        match call_using(client, |c| {
+            c.import_image(name, std::path::Path::new(source))
+        })? {
+            Response::Image(_) => Ok(()),
+            other => Err(unexpected("image import", &other)),
+        }
+    })
+}
+
+/// Creates and starts a sandbox from `image` with rollout tag `tag` (NULL: none); stores its
+/// id in `*out_id` (free with [`belayer_string_free`]).
+///
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `image` is a NUL-terminated string, `tag` null or one; `out_id` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_sandbox_create(
+    client: BelayerClient,
+    image: *const c_char,
+    tag: *const c_char,
+    out_id: *mut *mut c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (image, tag, out) = unsafe {
+            (
+                text(image, "image")?,
+                opt_text(tag, "tag")?,
+                writable(out_id, "out_id")?,
+            )
+        };
+        *out = std::ptr::null_mut();
+        let spec = SandboxSpec {
+            image: image.to_owned(),
+            tag: tag.map(str::to_owned),
+            ..Default::default()
+        };
+        match call(client, Request::CreateSandbox(spec))? {
+            Response::Sandbox(info) => {
+                *out = c_string(info.id, "sandbox id")?;
+                Ok(())
+            }
+            other => Err(unexpected("sandbox create", &other)),
+        }
+    })
+}
+
+/// Describes sandbox `id` into `*out` (free with [`belayer_sandbox_info_free`]).
+///
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `id` is a NUL-terminated string; `out` is a valid pointer to write to.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_sandbox_inspect(
+    client: BelayerClient,
+    id: *const c_char,
+    out: *mut BelayerSandboxInfo,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (id, out) = unsafe { (text(id, "id")?, writable(out, "out")?) };
+        // The caller's struct may hold garbage: overwrite without dropping.
+        // SAFETY: `out` is valid for writes (checked non-null above, contract).
+        unsafe { std::ptr::write(out, BelayerSandboxInfo::EMPTY) };
+        let info = match call(client, Request::InspectSandbox { id: id.to_owned() })? {
+            Response::Sandbox(info) => info,
+            other => return Err(unexpected("sandbox inspect", &other)),
+        };
+        let mut result = BelayerSandboxInfo {
+            init_pid: info.init_pid.unwrap_or(-1),
+            instance: info.instance,
+            has_ready_prefix: info.ready_prefix.is_some(),
+            ready_prefix: info.ready_prefix.unwrap_or(0),
+            created_unix_ms: info.created_unix_ms,
+            ..BelayerSandboxInfo::EMPTY
+        };
+        let filled = (|| {
+            result.id = c_string(info.id, "sandbox id")?;
+            result.image = c_string(info.image, "image")?;
+            result.state = c_string(info.state.as_str().to_owned(), "state")?;
+            Ok(())
+        })();
+        if let Err(e) = filled {
+            release_sandbox_info(&mut result);
+            return Err(e);
+        }
+        if !info.pids.is_empty() {
+            result.pids_len = info.pids.len();
+            result.pids = Box::into_raw(info.pids.into_boxed_slice()).cast::<i32>();
+        }
+        *out = result;
+        Ok(())
+    })
+}
+
+pub(crate) fn release_sandbox_info(info: &mut BelayerSandboxInfo) {
+    free_string(&mut info.id);
+    free_string(&mut info.image);
+    free_string(&mut info.state);
+    if !info.pids.is_null() {
+        let slice = std::ptr::slice_from_raw_parts_mut(info.pids, info.pids_len);
+        // SAFETY: `pids`/`pids_len` came from Box::into_raw of a boxed slice in
+        // belayer_sandbox_inspect and are reset below, so the slice is freed once.
+        drop(unsafe { Box::from_raw(slice) });
+    }
+    *info = BelayerSandboxInfo::EMPTY;
+}
+
+/// Frees what [`belayer_sandbox_inspect`] stored in `*info` and zeroes it. NULL is ignored.
+///
+/// # Safety
+/// `info` is null or points at a struct filled by this library (or zeroed).
+#[no_mangle]
+pub unsafe extern "C" fn belayer_sandbox_info_free(info: *mut BelayerSandboxInfo) {
+    // SAFETY: forwarded from this function's contract (null allowed).
+    if let Some(info) = unsafe { info.as_mut() } {
+        release_sandbox_info(info);
+    }
+}
+
+/// Kills sandbox `id` and deletes it with all its checkpoints.
+///
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `id` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_sandbox_destroy(
+    client: BelayerClient,
+    id: *const c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let id = unsafe { text(id, "id")? };
+        match call(client, Request::RemoveSandbox { id: id.to_owned() })? {
+            Response::Done => Ok(()),
+            other => Err(unexpected("sandbox destroy", &other)),
+        }
+    })
+}
+
+/// Runs one action, `command` with `/bin/sh -c`, in sandbox `id`, killed after `timeout_ms`
+/// milliseconds (0: no timeout); stores the outcome in `*out` (free with
+/// [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of the call.
+///
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `id` and `command` are NUL-terminated strings; `out` is a valid pointer to write to.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_exec(
+    client: BelayerClient,
+    id: *const c_char,
+    command: *const c_char,
+    timeout_ms: u64,
+    out: *mut BelayerExecResult,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (id, command, out) = unsafe {
+            (
+                text(id, "id")?,
+                text(command, "command")?,
+                writable(out, "out")?,
+            )
+        };
+        // SAFETY: `out` is valid for writes; the old content may be garbage, so no drop.
+        unsafe { std::ptr::write(out, BelayerExecResult::EMPTY) };
+        let req = ExecRequest {
+            id: id.to_owned(),
+            argv: vec![command.to_owned()],
+            timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
+            ..Default::default()
+        };
+        match call(client, Request::Exec(req))? {
+            Response::Exec(r) => {
+                *out = BelayerExecResult {
+                    exit_code: r.exit_code,
+                    signal: r.signal.unwrap_or(0),
+                    timed_out: r.timed_out,
+                    truncated: r.truncated,
+                    duration_ms: r.duration_ms,
+                    stdout_buf: buf(r.stdout),
+                    stderr_buf: buf(r.stderr),
+                };
+                Ok(())
+            }
+            other => Err(unexpected("exec", &other)),
+        }
+    })
+}
+
+/// Frees the buffers of `*result` and zeroes it. NULL is ignored.
+///
+/// # Safety
+/// `result` is null or points at a struct filled by this library (or zeroed).
+#[no_mangle]
+pub unsafe extern "C" fn belayer_exec_result_free(result: *mut BelayerExecResult) {
+    // SAFETY: forwarded from this function's contract (null allowed).
+    if let Some(r) = unsafe { result.as_mut() } {
+        r.stdout_buf.release();
+        r.stderr_buf.release();
+        *r = BelayerExecResult::EMPTY;
+    }
+}

@@ -1,0 +1,185 @@
+//! The C structs and handle types of the ABI (what `belayer.h` declares besides functions).
+
+use std::ffi::{c_char, c_int};
+
+/// Handle of a connection to `belayerd` (0 is never valid).
+pub type BelayerClient = u64;
+/// Handle of an event subscription (0 is never valid).
+pub type BelayerSubscription = u64;
+
+/// A byte buffer handed out by the library; free it with [`belayer_buf_free`]. `data` is
+/// NULL when `len` is 0.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerBuf {
+    /// The bytes (owned by the library until freed).
+    pub data: *mut u8,
+    /// Number of bytes.
+    pub len: usize,
+}
+
+/// Outcome of an action; free with [`belayer_exec_result_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerExecResult {
+    /// Exit code; 128 + signal when killed by a signal.
+    pub exit_code: i32,
+    /// Terminating signal, 0 when none.
+    pub signal: i32,
+    /// True when the timeout killed the action.
+    pub timed_out: bool,
+    /// True when stdout or stderr was cut at the output limit.
+    pub truncated: bool,
+    /// Wall-clock duration, milliseconds.
+    pub duration_ms: f64,
+    /// Captured stdout.
+    pub stdout_buf: BelayerBuf,
+    /// Captured stderr.
+    pub stderr_buf: BelayerBuf,
+}
+
+/// A sandbox; free with [`belayer_sandbox_info_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerSandboxInfo {
+    /// Sandbox id.
+    pub id: *mut c_char,
+    /// Image name.
+    pub image: *mut c_char,
+    /// `running`, `checkpointing`, `restoring`, `failed` or `stopped`.
+    pub state: *mut c_char,
+    /// Host pid of the init, -1 when not alive.
+    pub init_pid: i32,
+    /// Instance number: 0 for the original, +1 per restore.
+    pub instance: u32,
+    /// Whether a checkpoint is ready.
+    pub has_ready_prefix: bool,
+    /// Prefix k of the ready checkpoint (valid when `has_ready_prefix`).
+    pub ready_prefix: u64,
+    /// Host pids of every process of the sandbox.
+    pub pids: *mut i32,
+    /// Number of entries of `pids`.
+    pub pids_len: usize,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// A published checkpoint; free with [`belayer_checkpoint_info_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerCheckpointInfo {
+    /// Action boundary k.
+    pub prefix: u64,
+    /// Bytes of the checkpoint's artifacts.
+    pub bytes: u64,
+    /// Time the sandbox was frozen, milliseconds.
+    pub frozen_ms: f64,
+    /// Whole request, milliseconds.
+    pub total_ms: f64,
+    /// Checkpoint name in the store.
+    pub name: *mut c_char,
+    /// blake3 of the stored context, hex.
+    pub context_digest: *mut c_char,
+}
+
+/// Result of a restore; free with [`belayer_restore_info_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerRestoreInfo {
+    /// Whether a checkpoint was restored (false: restarted from the base image, k = 0).
+    pub has_prefix: bool,
+    /// Restored prefix k (0 when `has_prefix` is false).
+    pub prefix: u64,
+    /// The LLM context L_k recorded with the checkpoint (empty for k = 0).
+    pub context: BelayerBuf,
+    /// Host pid of the new init.
+    pub init_pid: i32,
+    /// Whole restore, milliseconds.
+    pub total_ms: f64,
+    /// Whether the restored state was checked against the checkpoint.
+    pub verified: bool,
+    /// The restored upper layer matches the checkpoint (valid when `verified`).
+    pub fs_matches: bool,
+    /// The restored processes match the checkpoint (valid when `verified`).
+    pub processes_match: bool,
+    /// The upper layer came back from the checkpoint's snapshot: files the sandbox wrote kept
+    /// their inode numbers and times.
+    pub inodes_kept: bool,
+}
+
+/// One step's timing for [`belayer_maybe_checkpoint`]; seconds. Negative values mean unset.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BelayerStep {
+    /// d_t: wall-clock duration of the step (LLM response plus action).
+    pub step_duration_s: f64,
+    /// C_t: work a failure now would force to regenerate; negative: the daemon sums the step
+    /// durations since the last checkpoint.
+    pub regen_cost_s: f64,
+    /// x: how long the next LLM response has already been running (usually 0).
+    pub llm_elapsed_s: f64,
+    /// This step's completed LLM response time, fed into the distribution of T; negative:
+    /// none.
+    pub llm_response_s: f64,
+}
+
+/// Checkpoint policy of a sandbox for [`belayer_maybe_checkpoint`]. Negative numbers and a
+/// NULL `kind` mean "default".
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BelayerPolicy {
+    /// `adaptive` (default), `always`, `never`, `every:N` or `restart`; NULL: adaptive.
+    pub kind: *const c_char,
+    /// Fixed failure probability per step, in [0, 1].
+    pub failure_p: f64,
+    /// Fail-stop rate per second (used when `failure_p` is negative).
+    pub failure_rate_per_s: f64,
+    /// A checkpoint longer than this, seconds, starts the cooldown.
+    pub checkpoint_timeout_s: f64,
+    /// Cooldown after a timed-out checkpoint, seconds.
+    pub cooldown_s: f64,
+}
+
+/// What [`belayer_maybe_checkpoint`] decided and did (no heap memory: nothing to free).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BelayerDecision {
+    /// Whether a checkpoint was taken and published.
+    pub checkpointed: bool,
+    /// `BELAYER_REASON_*`.
+    pub reason: c_int,
+    /// p_t.
+    pub p: f64,
+    /// C_t, seconds.
+    pub regen_cost_s: f64,
+    /// c_t, seconds.
+    pub c_s: f64,
+    /// q(x; c_t).
+    pub q: f64,
+    /// p_t * C_t, seconds.
+    pub benefit: f64,
+    /// c_t * (1 - q), seconds.
+    pub visible_cost: f64,
+    /// Prefix of the published checkpoint (valid when `checkpointed`).
+    pub checkpoint_prefix: u64,
+    /// Bytes of the published checkpoint.
+    pub checkpoint_bytes: u64,
+    /// Frozen time of the checkpoint, milliseconds.
+    pub checkpoint_frozen_ms: f64,
+    /// Whole checkpoint, milliseconds.
+    pub checkpoint_total_ms: f64,
+}
+
+/// An event; free with [`belayer_event_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerEvent {
+    /// `BELAYER_EVENT_*`.
+    pub kind: c_int,
+    /// Sandbox id.
+    pub sandbox: *mut c_char,
+    /// Prefix k (`BELAYER_EVENT_CHECKPOINT_READY`), 0 otherwise.
+    pub prefix: u64,
+    /// Cause (`BELAYER_EVENT_SANDBOX_FAILED`), NULL otherwise.
+    pub reason: *mut c_char,
+}
