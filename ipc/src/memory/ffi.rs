@@ -25,8 +25,9 @@ use std::ffi::{c_char, c_int, CString};
 
 use super::client::{MemClient, MemClientError};
 use super::layout::Layout;
-use super::mapping::{MapError, Mapping, Placeholder};
+use super::mapping::{MapError, Mapping};
 use super::message::{AttachRequest, Backend, LeaseMode};
+use super::placeholder::Placeholder;
 use crate::error_chain;
 pub use crate::ffi::{
     belayer_last_error, BELAYER_E_CONNECT, BELAYER_E_CUDA, BELAYER_E_INVALID_ARGUMENT,

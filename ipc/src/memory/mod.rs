@@ -31,11 +31,13 @@ pub mod host;
 pub mod layout;
 pub mod mapping;
 pub mod message;
+pub mod placeholder;
 
 pub use client::{MemClient, MemClientError, OwnerError};
 pub use layout::{Layout, LayoutError, Placement, RegionKind, RegionPlacement, Role};
-pub use mapping::{MapError, Mapping, Placeholder, RegionView};
+pub use mapping::{MapError, Mapping, RegionView};
 pub use message::{
     AttachInfo, AttachRequest, Backend, LeaseMode, MemErrorCode, MemErrorReply, MemRequest,
     MemResponse, RegionDesc, ServerInfo, WireError,
 };
+pub use placeholder::Placeholder;
