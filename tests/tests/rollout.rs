@@ -121,3 +121,54 @@ fn rollout_under_every_policy_with_failures() {
         assert!(runs >= 6, "{stem}: {runs} context logs in {logs:?}");
     }
 }
+
+/// With no daemon answering, `belayer rollout` starts a private `belayerd` child, runs through
+/// it, and leaves neither the child nor its state dir behind.
+#[test]
+fn rollout_without_a_daemon_runs_a_private_one() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/cli/trajectories");
+    let socket = out.path().join("nobody-listens.sock");
+    let child = Command::new(bin("belayer"))
+        .arg("--socket")
+        .arg(&socket)
+        .arg("rollout")
+        .arg(dir.join("openhands__basic_gui_mode.jsonl"))
+        .args(["--policy", "adaptive", "--no-overhead-run"])
+        .args([
+            "--failure-rate",
+            "0.2",
+            "--seed",
+            "5",
+            "--time-scale",
+            "0.02",
+        ])
+        .arg("--image-rootfs")
+        .arg(python_rootfs())
+        .arg("--out")
+        .arg(out.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "rollout failed:\n{stdout}\n{stderr}"
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["policies"]["adaptive"]["validity_errors"], 0);
+    // The private daemon's state dir (`embedded-<belayer pid>-<nonce>`) is gone.
+    let prefix = format!("embedded-{pid}-");
+    if let Ok(entries) = std::fs::read_dir("/var/lib/belayer/scratch") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            assert!(!name.starts_with(&prefix), "left behind: {name}");
+        }
+    }
+}

@@ -5,7 +5,8 @@
 //! node's config file is not read), a fresh state dir and socket under
 //! `/var/lib/belayer/scratch` (the btrfs state file system of `scripts/setup.sh`, so sandboxes
 //! get their disk quota), and the log level of this command. Dropping the handle removes the
-//! child's sandboxes through the protocol, stops it with SIGTERM and removes its state dir.
+//! child's sandboxes through the protocol, stops it with SIGTERM and removes its state dir
+//! (only once the daemon reports no sandbox left: otherwise the dir stays, with a warning).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -94,12 +95,19 @@ impl Embedded {
 
 impl Drop for Embedded {
     fn drop(&mut self) {
+        // The daemon removes its sandboxes (with its hardened removal); only an empty state
+        // dir is deleted here, so nothing a sandbox left behind is walked from the host.
+        let mut emptied = false;
         if let Ok(mut c) = Client::connect(&self.socket) {
             if let Ok(Response::Sandboxes(list)) = c.call(Request::ListSandboxes) {
                 for s in list {
                     let _ = c.call(Request::RemoveSandbox { id: s.id });
                 }
             }
+            emptied = matches!(
+                c.call(Request::ListSandboxes),
+                Ok(Response::Sandboxes(list)) if list.is_empty()
+            );
         }
         if let Some(mut child) = self.child.take() {
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);
@@ -116,6 +124,10 @@ impl Drop for Embedded {
                     Ok(None) => std::thread::sleep(Duration::from_millis(20)),
                 }
             }
+        }
+        if !emptied {
+            tracing::warn!(dir = %self.state_dir.display(), "the private belayerd kept sandboxes; its state dir is left in place");
+            return;
         }
         if let Err(e) = std::fs::remove_dir_all(&self.state_dir) {
             tracing::warn!(dir = %self.state_dir.display(), error = %e, "cannot remove the private belayerd's state dir");

@@ -1,10 +1,10 @@
 //! Unit tests of `mapping`.
 
 use super::*;
-use crate::memory::placeholder::Placeholder;
 use crate::memory::host::HostRegion;
 use crate::memory::layout::{Layout, Role};
 use crate::memory::message::LeaseMode;
+use crate::memory::placeholder::Placeholder;
 
 fn attach_info(layout: &Layout, mode: LeaseMode) -> AttachInfo {
     let placement = layout.place(host::page_size()).unwrap();
