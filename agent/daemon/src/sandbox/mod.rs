@@ -9,9 +9,10 @@
 //! - `inst-<n>/{upper,work,merged}`: the overlay of instance n (a restore makes instance n+1);
 //! - `checkpoints/`: the [`crate::store::CheckpointStore`].
 //!
-//! One verb per file: [`create`], [`exec`], [`checkpoint`], [`restore`], [`remove`]. Verbs of
-//! one sandbox are serialised by [`SandboxSlot::op`] (actions and checkpoints are mutually
-//! exclusive: the "state agreement" invariant); inspection only takes the record lock.
+//! One verb per file: [`create`], [`exec`], [`checkpoint`], [`restore`], [`remove`]; the
+//! instance steps they share are in [`instance`]. Verbs of one sandbox are serialised by
+//! [`SandboxSlot::op`] (actions and checkpoints are mutually exclusive: the "state agreement"
+//! invariant); inspection only takes the record lock.
 
 pub mod caps;
 pub mod changes;
@@ -19,6 +20,7 @@ pub mod checkpoint;
 pub mod create;
 pub mod exec;
 mod ghosts;
+pub mod instance;
 pub mod net_lock;
 pub mod netns;
 pub mod pid_counter;
