@@ -46,8 +46,11 @@ pub const ALLOWED_DEVICES: &[(u32, u32, &str)] = &[
 /// (the host's `/dev/pts` is not in its mount tree and it cannot `mknod`).
 pub const PTY_DEVICES: &[(u32, Option<u32>, &str)] = &[
     (5, Some(2), "ptmx"),
-    (crate::helper::mount::PTY_SLAVE_MAJOR, None, "pty slaves"),
+    (PTY_SLAVE_MAJOR, None, "pty slaves"),
 ];
+
+/// Major number of the pty slaves `/dev/pts/0` .. `/dev/pts/255` (`UNIX98_PTY_SLAVE_MAJOR`).
+pub const PTY_SLAVE_MAJOR: u32 = 136;
 
 // The BPF program has room for a fixed number of devices.
 const _: () = assert!(ALLOWED_DEVICES.len() + PTY_DEVICES.len() <= DeviceProgram::MAX_DEVICES);

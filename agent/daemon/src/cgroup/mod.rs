@@ -36,7 +36,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use devices::{device_rules, DeviceFilter, ALLOWED_DEVICES, PTY_DEVICES};
+pub use devices::{device_rules, DeviceFilter, ALLOWED_DEVICES, PTY_DEVICES, PTY_SLAVE_MAJOR};
 pub use freeze::FrozenGuard;
 pub use layout::{CgroupLayout, V1Hierarchy};
 pub use limits::CpuMax;
