@@ -2,28 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use super::devices::{apply_devices_bpf, apply_devices_v1, DeviceFilter};
+use super::devices::{apply_devices_bpf, apply_devices_v1, has_devices_bpf, DeviceFilter};
 use super::layout::{CgroupLayout, LIMIT_CONTROLLERS};
-use super::limits::{apply_cpu, init_cpuset, CpuMax};
+use super::limits::{apply_cpu, init_cpuset, Limits};
 use super::sys::{read_u64, write_file};
 use super::tree::{
     collect_pids, enable_v2_controller, limit_for, make_leaf, mkdir_p, remove_tree, validate_rel,
 };
 use super::CgroupError;
-
-/// Resource limits of a sandbox cgroup. `None` leaves the kernel default (no limit).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Limits {
-    /// Memory limit in bytes (v2 `memory.max`, v1 `memory.limit_in_bytes`; swap is not limited).
-    pub memory_max: Option<u64>,
-    /// Maximum number of tasks (processes and threads) in the cgroup (`pids.max`).
-    pub pids_max: Option<u64>,
-    /// CPU bandwidth (`cpu.max`, or v1 `cpu.cfs_quota_us`).
-    pub cpu: Option<CpuMax>,
-    /// Restrict devices to [`super::ALLOWED_DEVICES`] with this mechanism (`None`: no
-    /// allow-list).
-    pub devices: Option<DeviceFilter>,
-}
 
 /// Which freezer freezes a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,6 +411,23 @@ impl SandboxCgroup {
             if let Err(err) = remove_tree(dir) {
                 tracing::warn!(%err, "cleanup of a half-created cgroup failed");
             }
+        }
+    }
+
+    /// Checks, for an adopted cgroup, that the allow-list `filter` means on this node is in
+    /// place, and attaches the BPF program again where it is missing from the v2 cgroup
+    /// (nothing a sandbox can do detaches it; host root can). Returns whether it attached.
+    /// The v1 `devices` settings stay in the cgroup and are not re-checked.
+    ///
+    /// Errors: [`CgroupError::DeviceFilterUnavailable`], [`CgroupError::DeviceProgram`].
+    pub fn ensure_device_filter(&self, filter: DeviceFilter) -> Result<bool, CgroupError> {
+        let layout = CgroupLayout::detect()?;
+        match (filter.resolve(layout)?, &self.v2) {
+            (DeviceFilter::Bpf, Some(dir)) if !has_devices_bpf(dir)? => {
+                apply_devices_bpf(dir)?;
+                Ok(true)
+            }
+            _ => Ok(false),
         }
     }
 }
