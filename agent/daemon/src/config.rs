@@ -21,6 +21,8 @@ pub const DEFAULT_KDAT_DIR: &str = "/run/belayer/criu-kdat";
 pub const DEFAULT_DUMP_STAGE_DIR: &str = "/run/belayer/dump-stage";
 /// Default of [`Config::default_disk_max_bytes`]: 10 GiB.
 pub const DEFAULT_DISK_MAX_BYTES: u64 = 10 << 30;
+/// Default of [`Config::context_budget_bytes`], the context-log budget of a non-root uid: 1 GiB.
+pub const DEFAULT_UID_BUDGET_BYTES: u64 = 1 << 30;
 
 /// A fresh, unique path for the private state dir of an in-process agent (the embedded agent
 /// of `belayer rollout` and `belayer bench`, the tracer benchmark): `kind-<pid>-<hex>` under
@@ -206,7 +208,7 @@ impl Default for Config {
             frame_timeout_ms: 10_000,
             idle_timeout_s: 3600,
             send_timeout_ms: 10_000,
-            context_budget_bytes: crate::service::contexts::DEFAULT_UID_BUDGET_BYTES,
+            context_budget_bytes: DEFAULT_UID_BUDGET_BYTES,
             context_root_budget_bytes: 0,
             context_max_bytes: belayer_context::MAX_CONTEXT_BYTES,
             memory_servers: Vec::new(),

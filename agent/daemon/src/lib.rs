@@ -12,6 +12,7 @@
 //! - [`service`]: the registry of sandboxes and the protocol handler (adoption, watches, gc,
 //!   events, policies, context logs);
 //! - [`sandbox`]: one file per verb (create, exec, checkpoint, restore, remove);
+//! - [`record`]: what the daemon remembers about a sandbox (record, lifecycle state, paths);
 //! - [`store`]: the checkpoint store and manifest (atomic publication);
 //! - [`images`]: read-only images (lower layers);
 //! - [`cgroup`]: sandbox cgroups (v2, with v1 fallbacks for limits and the freezer);
@@ -47,6 +48,7 @@ pub mod helper;
 pub mod images;
 pub mod policy;
 pub mod quota;
+pub mod record;
 pub mod runtime;
 pub mod sandbox;
 pub mod service;

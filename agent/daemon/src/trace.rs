@@ -35,7 +35,7 @@ use belayer_ipc::{InfraFault, InfraFaultKind};
 
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::ActionStatus;
-use crate::sandbox::SandboxRecord;
+use crate::record::SandboxRecord;
 use held::Writer;
 
 /// Handles a fault of sandbox `id` (called from the tracer's thread).

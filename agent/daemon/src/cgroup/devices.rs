@@ -22,7 +22,6 @@ use belayer_ebpf::devices::attached_programs;
 use belayer_ebpf::{AttachMode, CharDevice, DeviceProgram};
 
 use super::layout::CgroupLayout;
-use super::sandbox::SandboxCgroup;
 use super::sys::write_file;
 use super::CgroupError;
 
@@ -44,10 +43,11 @@ pub const ALLOWED_DEVICES: &[(u32, u32, &str)] = &[
 /// [`crate::helper::mount::PTY_MAX`]). No node of these is bound from the host: the numbers
 /// are the kernel's for every devpts instance, and the sandbox reaches only its own instance
 /// (the host's `/dev/pts` is not in its mount tree and it cannot `mknod`).
-pub const PTY_DEVICES: &[(u32, Option<u32>, &str)] = &[
-    (5, Some(2), "ptmx"),
-    (crate::helper::mount::PTY_SLAVE_MAJOR, None, "pty slaves"),
-];
+pub const PTY_DEVICES: &[(u32, Option<u32>, &str)] =
+    &[(5, Some(2), "ptmx"), (PTY_SLAVE_MAJOR, None, "pty slaves")];
+
+/// Major number of the pty slaves `/dev/pts/0` .. `/dev/pts/255` (`UNIX98_PTY_SLAVE_MAJOR`).
+pub const PTY_SLAVE_MAJOR: u32 = 136;
 
 // The BPF program has room for a fixed number of devices.
 const _: () = assert!(ALLOWED_DEVICES.len() + PTY_DEVICES.len() <= DeviceProgram::MAX_DEVICES);
@@ -156,7 +156,7 @@ pub(super) fn apply_devices_bpf(dir: &Path) -> Result<(), CgroupError> {
 
 /// Whether the v2 cgroup `dir` holds a BPF device allow-list (one loaded by any `belayerd`:
 /// the program of a previous daemon stays attached across restarts).
-fn has_devices_bpf(dir: &Path) -> Result<bool, CgroupError> {
+pub(super) fn has_devices_bpf(dir: &Path) -> Result<bool, CgroupError> {
     attached_programs(dir)
         .map(|programs| programs.iter().any(|p| p.is_allow_list()))
         .map_err(|source| CgroupError::DeviceProgram {
@@ -165,31 +165,13 @@ fn has_devices_bpf(dir: &Path) -> Result<bool, CgroupError> {
         })
 }
 
-impl SandboxCgroup {
-    /// Checks, for an adopted cgroup, that the allow-list `filter` means on this node is in
-    /// place, and attaches the BPF program again where it is missing from the v2 cgroup
-    /// (nothing a sandbox can do detaches it; host root can). Returns whether it attached.
-    /// The v1 `devices` settings stay in the cgroup and are not re-checked.
-    ///
-    /// Errors: [`CgroupError::DeviceFilterUnavailable`], [`CgroupError::DeviceProgram`].
-    pub fn ensure_device_filter(&self, filter: DeviceFilter) -> Result<bool, CgroupError> {
-        let layout = CgroupLayout::detect()?;
-        match (filter.resolve(layout)?, &self.v2) {
-            (DeviceFilter::Bpf, Some(dir)) if !has_devices_bpf(dir)? => {
-                apply_devices_bpf(dir)?;
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::FileTypeExt;
     use std::path::PathBuf;
 
-    use super::super::sandbox::Limits;
+    use super::super::limits::Limits;
+    use super::super::sandbox::SandboxCgroup;
     use super::*;
     use crate::cgroup::test_support::{unique_rel, TestCgroup};
 

@@ -220,7 +220,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::cgroup::sandbox::Limits;
+    use crate::cgroup::limits::Limits;
     use crate::cgroup::test_support::{proc_state, proc_utime, TestCgroup};
 
     /// A shell that writes an increasing counter to `file` about every 10 ms, forking `sleep`

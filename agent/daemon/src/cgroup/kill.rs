@@ -114,7 +114,8 @@ impl SandboxCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::sandbox::{FreezerKind, Limits};
+    use crate::cgroup::limits::Limits;
+    use crate::cgroup::sandbox::FreezerKind;
     use crate::cgroup::test_support::TestCgroup;
 
     fn kill_case(name: &str, freezer: FreezerKind, method: KillMethod, frozen: bool) {

@@ -1,10 +1,26 @@
-//! What a sandbox cgroup enforces beyond membership: CPU bandwidth and the cpuset a v1
-//! `cpuset` cgroup needs before it can hold a task (the device allow-list is in `devices.rs`).
+//! What a sandbox cgroup enforces beyond membership: its [`Limits`], CPU bandwidth and the
+//! cpuset a v1 `cpuset` cgroup needs before it can hold a task (the device allow-list is in
+//! `devices.rs`).
 
 use std::path::Path;
 
+use super::devices::DeviceFilter;
 use super::sys::{read_file, write_file};
 use super::CgroupError;
+
+/// Resource limits of a sandbox cgroup. `None` leaves the kernel default (no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory limit in bytes (v2 `memory.max`, v1 `memory.limit_in_bytes`; swap is not limited).
+    pub memory_max: Option<u64>,
+    /// Maximum number of tasks (processes and threads) in the cgroup (`pids.max`).
+    pub pids_max: Option<u64>,
+    /// CPU bandwidth (`cpu.max`, or v1 `cpu.cfs_quota_us`).
+    pub cpu: Option<CpuMax>,
+    /// Restrict devices to [`super::ALLOWED_DEVICES`] with this mechanism (`None`: no
+    /// allow-list).
+    pub devices: Option<DeviceFilter>,
+}
 
 /// CPU bandwidth: `quota_us` of CPU time per `period_us` of wall time (v2 `cpu.max`, v1
 /// `cpu.cfs_quota_us` / `cpu.cfs_period_us`). `cpus = quota / period`.

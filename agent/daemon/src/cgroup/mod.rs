@@ -36,11 +36,11 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use devices::{device_rules, DeviceFilter, ALLOWED_DEVICES, PTY_DEVICES};
+pub use devices::{device_rules, DeviceFilter, ALLOWED_DEVICES, PTY_DEVICES, PTY_SLAVE_MAJOR};
 pub use freeze::FrozenGuard;
 pub use layout::{CgroupLayout, V1Hierarchy};
-pub use limits::CpuMax;
-pub use sandbox::{FreezerKind, KillMethod, Limits, SandboxCgroup};
+pub use limits::{CpuMax, Limits};
+pub use sandbox::{FreezerKind, KillMethod, SandboxCgroup};
 
 /// Errors of cgroup operations. Paths name the exact file or directory involved.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,8 @@ use std::io::Read;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use super::sandbox::{FreezerKind, KillMethod, Limits, SandboxCgroup};
+use super::limits::Limits;
+use super::sandbox::{FreezerKind, KillMethod, SandboxCgroup};
 
 /// `belayer-test/<name>-<pid>`: unique per test and per test process.
 pub(crate) fn unique_rel(name: &str) -> String {

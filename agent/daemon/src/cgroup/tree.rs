@@ -4,7 +4,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use super::sandbox::Limits;
+use super::limits::Limits;
 use super::sys::{read_file, read_pids, write_file};
 use super::CgroupError;
 

@@ -235,7 +235,7 @@ fn build_dev(private_userns: bool) -> Result<(), SyscallError> {
 pub const PTY_MAX: u32 = 256;
 
 /// Major number of the pty slaves `/dev/pts/0` .. `/dev/pts/255` (`UNIX98_PTY_SLAVE_MAJOR`).
-pub const PTY_SLAVE_MAJOR: u32 = 136;
+pub use crate::cgroup::PTY_SLAVE_MAJOR;
 
 /// The group pty slaves belong to when the image's `/etc/group` names no `tty` group (5, as on
 /// Debian, Alpine, Fedora).

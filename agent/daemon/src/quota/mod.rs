@@ -96,17 +96,19 @@
 
 pub mod fs;
 pub mod instance;
+pub mod qgroup;
 pub mod startup;
 pub mod sys;
 pub mod volume;
 
 use std::path::PathBuf;
 
-pub use fs::{Qgroup, QuotaFs, QuotaMode};
+pub use fs::{QuotaFs, QuotaMode};
 pub use instance::{
     make_instance_dir, remove_contents, remove_instance_dir, resolve_limit, InstanceDir,
     MIN_DISK_LIMIT,
 };
+pub use qgroup::Qgroup;
 pub use startup::open_state_quota;
 pub use volume::{is_volume, Volume, VolumeUsage};
 

@@ -7,7 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::fs::{qgroups, Qgroup};
+use super::qgroup::{qgroups, Qgroup};
 use super::sys;
 use super::QuotaError;
 

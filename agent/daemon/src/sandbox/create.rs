@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use belayer_ipc::{ErrorCode, SandboxSpec, UsernsMode};
 use belayer_overlay::{MountOptions, OverlayMount};
 
+use super::instance::make_instance_dir;
 use super::{RecordError, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
 use crate::cgroup::{CgroupError, CpuMax, SandboxCgroup};
 use crate::helper::init::USERNS_FD;
@@ -223,21 +224,6 @@ fn discard_started(rec: &SandboxRecord, paths: &SandboxPaths) -> bool {
         tracing::warn!(sandbox = %rec.id, error = %e, "cannot unmount the root of a failed creation");
     }
     true
-}
-
-/// Makes the directory of instance `n` (replacing a stale one): a btrfs volume limited to
-/// `limit` (the sandbox's `spec.disk_max`, resolved at creation; a restore sets it later), which
-/// the kernel enforces on everything the instance writes (`EDQUOT` inside the sandbox past it).
-pub(crate) fn make_instance_dir(
-    rt: &Runtime,
-    paths: &SandboxPaths,
-    n: u32,
-    limit: Option<u64>,
-) -> Result<(), crate::quota::QuotaError> {
-    let dir = paths.instance(n);
-    crate::quota::remove_instance_dir(&dir)?;
-    crate::quota::make_instance_dir(rt.quota.as_ref(), &dir, limit)?;
-    Ok(())
 }
 
 /// A freshly mounted overlay and cgroup for instance n, torn down on drop unless kept.

@@ -4,7 +4,7 @@ use std::fs;
 
 use belayer_ipc::ErrorCode;
 
-use super::restore::teardown;
+use super::instance::teardown;
 use super::SandboxSlot;
 use crate::cgroup::CgroupError;
 

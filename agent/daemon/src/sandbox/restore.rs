@@ -25,8 +25,9 @@ use belayer_ipc::{RestoreInfo, RestoreTimings, RestoreValidity};
 use belayer_overlay::layer::{materialize_layer, MaterializeOptions};
 
 use super::create::{CreateError, Instance};
-use super::{SandboxPaths, SandboxSlot, SandboxState};
-use crate::cgroup::{CgroupError, SandboxCgroup};
+use super::instance::{retire_instance, teardown};
+use super::{SandboxSlot, SandboxState};
+use crate::cgroup::SandboxCgroup;
 use crate::runtime::Runtime;
 use crate::store::CheckpointStore;
 use crate::sys;
@@ -118,7 +119,7 @@ fn restore_locked(
         // With a checkpoint the limit is set once the overlay is mounted (`upper::apply_limit`),
         // before CRIU writes anything; a restart from the image gets it now.
         let limit = rec.spec.disk_max.filter(|_| manifest.is_none());
-        super::create::make_instance_dir(rt, &slot.paths, n, limit).map_err(CreateError::from)?;
+        super::instance::make_instance_dir(rt, &slot.paths, n, limit).map_err(CreateError::from)?;
     }
     let upper = slot.paths.upper(n);
     fs::create_dir_all(&upper).map_err(|source| RestoreError::Dirs {
@@ -483,40 +484,5 @@ impl Drop for RestoringGuard<'_> {
         if !self.done {
             self.slot.set_transient(SandboxState::Failed);
         }
-    }
-}
-
-/// Kills every process of the current instance, reaps the init, unmounts its root and removes
-/// its cgroup. Safe to call on an instance that is already gone.
-pub(crate) fn teardown(slot: &SandboxSlot) -> Result<(), CgroupError> {
-    let rec = slot.record().clone();
-    let t = Instant::now();
-    match SandboxCgroup::open(&rec.cgroup) {
-        Ok(cg) => {
-            cg.kill_all(Duration::from_secs(10))?;
-            cg.remove()?;
-            tracing::debug!(sandbox = %rec.id, ms = ms(t), "teardown: killed, cgroup removed");
-        }
-        Err(e) => tracing::debug!(sandbox = %rec.id, error = %e, "no cgroup to tear down"),
-    }
-    // The cgroup is empty, so the init is dead: reap it if it is our child (after a daemon
-    // restart its new parent does).
-    if let Some(pid) = rec.init_pid {
-        sys::try_reap(pid);
-    }
-    Ok(())
-}
-
-/// Unmounts the root of instance `n` and deletes its directories. A lazy unmount waits for an
-/// RCU grace period (about 100 ms here), so restore hands this to a background thread: the old
-/// instance is garbage once its processes are dead.
-pub(crate) fn retire_instance(paths: &SandboxPaths, n: u32) {
-    let merged = paths.merged(n);
-    if let Err(e) = belayer_overlay::unmount(&merged) {
-        tracing::warn!(path = %merged.display(), error = %e, "cannot unmount old root");
-    }
-    let dir = paths.instance(n);
-    if let Err(e) = crate::quota::remove_instance_dir(&dir) {
-        tracing::warn!(path = %dir.display(), error = %e, "cannot remove old instance");
     }
 }

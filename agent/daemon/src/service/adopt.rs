@@ -140,7 +140,7 @@ impl Agent {
             let paths = paths.clone();
             std::thread::spawn(move || {
                 for n in stale {
-                    sandbox::restore::retire_instance(&paths, n);
+                    sandbox::instance::retire_instance(&paths, n);
                 }
             });
         }

@@ -17,7 +17,7 @@ pub const TRAJECTORY_CHARGE: u64 = 16 << 10;
 pub const RECORD_CHARGE: u64 = 4 << 10;
 
 /// Default budget of a non-root uid (config `context_budget_bytes`): 1 GiB.
-pub const DEFAULT_UID_BUDGET_BYTES: u64 = 1 << 30;
+pub use crate::config::DEFAULT_UID_BUDGET_BYTES;
 
 /// Limits of the context logs (from the config: `context_budget_bytes`,
 /// `context_root_budget_bytes`, `context_max_bytes`).
