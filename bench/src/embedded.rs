@@ -1,5 +1,6 @@
-//! An agent started inside the `belayer` process when no `belayerd` answers, so that commands
-//! like `belayer-bench` (and the rollout driver) need no daemon started by hand.
+//! An agent started inside the `belayer-bench` process when no `belayerd` answers, so that the
+//! benchmarks need no daemon started by hand (the `belayer` client starts a `belayerd` child
+//! instead: it links no daemon code).
 //!
 //! It uses a private state dir and socket under `/var/lib/belayer/scratch` (the btrfs state file
 //! system of `scripts/setup.sh`, so sandboxes get their disk quota; see

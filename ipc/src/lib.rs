@@ -44,14 +44,13 @@
 //! KV-cache arena (paper: "State isolation"): the layout format and hash, the memory protocol
 //! (frame kinds 4 and 5, region descriptors by `SCM_RIGHTS`), the client with leases and the
 //! owner-alive check, mappings with unmap/remap at the same address, the host (memfd) and CUDA
-//! (driver VMM) backends, the GPU health check, and their C ABI.
+//! (driver VMM) backends and the GPU health check.
 //!
 //! # C ABI
 //!
-//! [`ffi`] holds what every function of `libbelayer`'s C ABI shares (status codes, the
-//! per-thread last error, the panic guard); the daemon half of the ABI lives in the
-//! `belayer-capi` crate (`ipc/capi`), which builds `libbelayer.so`/`libbelayer.a` and the
-//! generated header `belayer.h`.
+//! The whole C ABI (daemon client and memory-server worker side) is the `belayer-capi` crate
+//! (`ipc/capi`), which builds `libbelayer.so`/`libbelayer.a` and the generated header
+//! `belayer.h`; nothing here is `extern "C"`.
 //!
 //! # Dependencies
 //!
@@ -73,7 +72,6 @@
 //!   cannot place, so it is not used.
 #![warn(missing_docs)]
 
-pub mod ffi;
 pub mod frame;
 pub mod memory;
 pub mod message;

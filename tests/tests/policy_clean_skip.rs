@@ -81,6 +81,29 @@ fn run(d: &mut Daemon) {
         (r.checkpointed, r.decision.reason),
         (false, DecisionReason::Clean)
     );
+
+    // gc dropping the ready checkpoint: no checkpoint holds this state any more.
+    let spec = belayer_ipc::SandboxSpec {
+        image: "busybox".into(),
+        tag: Some("gc-me".into()),
+        ..Default::default()
+    };
+    let tagged = d.create_spec(spec).id;
+    assert_eq!(d.exec(&tagged, "echo a > /a").dirty, Some(true));
+    assert!(ask(d, &tagged, 1).checkpointed);
+    assert_eq!(ask(d, &tagged, 2).decision.reason, DecisionReason::Clean);
+    match d.call(Request::Gc {
+        older_than_s: None,
+        tag: Some("gc-me".into()),
+    }) {
+        Response::Gc { removed, .. } => assert_eq!(removed, 1),
+        other => panic!("gc: {other:?}"),
+    }
+    let r = ask(d, &tagged, 3);
+    assert!(
+        r.checkpointed,
+        "after gc removed the ready checkpoint: {r:?}"
+    );
 }
 
 #[test]

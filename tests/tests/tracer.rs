@@ -316,7 +316,7 @@ fn cli_reports_tracer_fault_and_dirtiness() {
 fn rollout_report_counts_clean_skips() {
     let d = Daemon::start();
     let out = tempfile::tempdir().unwrap();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/trajectories");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../agent/cli/trajectories");
     let output = Command::new(bin("belayer"))
         .arg("--socket")
         .arg(&d.socket)

@@ -141,9 +141,30 @@ impl Drop for Embedded {
 /// Errors: as [`Embedded::start`].
 pub fn connect_or_embed(socket: &Path, log: &str) -> Result<(Client, Option<Embedded>)> {
     if let Ok(mut c) = Client::connect(socket) {
-        if matches!(c.call(Request::Ping), Ok(Response::Pong { .. })) {
-            return Ok((c, None));
+        match c.call(Request::Ping) {
+            Ok(Response::Pong { .. }) => return Ok((c, None)),
+            // A daemon is there but does not answer as this client expects (e.g. another
+            // protocol version): a second daemon beside it would share its uid pool, cgroup
+            // parent and dump stage.
+            other => bail!(
+                "belayerd at {} did not answer a ping ({}); not starting a private one beside it",
+                socket.display(),
+                match other {
+                    Ok(r) => format!("{r:?}"),
+                    Err(e) => belayer_ipc::error_chain(&e),
+                }
+            ),
         }
+    }
+    // Nor beside the node's daemon when the caller named another socket.
+    let node = Path::new(belayer_ipc::DEFAULT_SOCKET);
+    if socket != node && Client::connect(node).is_ok() {
+        bail!(
+            "no belayerd at {}, but the node's belayerd listens at {}: use --socket {} (a private daemon beside it would share its uid pool, cgroup parent and dump stage)",
+            socket.display(),
+            node.display(),
+            node.display()
+        );
     }
     let e = Embedded::start(log)?;
     let c = Client::connect(&e.socket).context("connecting to the private belayerd")?;

@@ -25,7 +25,7 @@ pub const DEFAULT_DISK_MAX_BYTES: u64 = 10 << 30;
 pub const DEFAULT_UID_BUDGET_BYTES: u64 = 1 << 30;
 
 /// A fresh, unique path for the private state dir of an in-process agent (the embedded agent
-/// of `belayer rollout` and `belayer bench`, the tracer benchmark): `kind-<pid>-<hex>` under
+/// of `belayer-bench`, the load and tracer benchmarks): `kind-<pid>-<hex>` under
 /// `/var/lib/belayer/scratch`, on the state file system `scripts/setup.sh` mounts, so that
 /// their sandboxes get disk quotas as the daemon's do. Not created here.
 pub fn scratch_state_dir(kind: &str) -> PathBuf {

@@ -217,8 +217,18 @@ impl Agent {
         let Some(slot) = self.slot_for(caller, &req.id) else {
             return unknown(&req.id);
         };
-        let instance = slot.record().instance;
-        let dirty = slot.changes.since_ready();
+        // Read under the op lock, so a restore or an action in flight is not half seen; a
+        // sandbox that cannot checkpoint is never "clean".
+        let (instance, dirty) = {
+            let _op = slot.lock_op();
+            let rec = slot.refresh();
+            let dirty = if rec.state.can_checkpoint() && rec.init_alive() {
+                slot.changes.since_ready()
+            } else {
+                None
+            };
+            (rec.instance, dirty)
+        };
         let pending = match self.policies.decide(&req, instance, dirty) {
             Ok(p) => p,
             Err(e) => return error(ErrorCode::BadRequest, &e),
@@ -295,6 +305,8 @@ impl Agent {
                 if tagged || (old && !is_ready) {
                     if is_ready {
                         let _ = store.clear_ready();
+                        // No ready checkpoint holds this state any more.
+                        slot.changes.forget();
                     }
                     if let Ok(b) = store.remove(&m.checkpoint) {
                         removed += 1;

@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use belayer as ffi;
 use belayer_ipc::memory::cuda::driver_present;
-use belayer_ipc::memory::ffi;
 use belayer_ipc::memory::{
     AttachRequest, Backend, Layout, LeaseMode, MapError, MemClient, MemClientError, MemErrorCode,
     OwnerError, Placeholder, Role,

@@ -1,6 +1,6 @@
 //! Checkpoints: take one, ask the policy (`belayer_maybe_checkpoint`), restore.
 
-use belayer_ipc::ffi::{guard, text, writable, Failure};
+use crate::status::{guard, text, writable, Failure};
 use belayer_ipc::{CheckpointRequest, MaybeCheckpointRequest, PolicySpec, Request, Response};
 use std::ffi::{c_char, c_int};
 

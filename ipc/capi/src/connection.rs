@@ -1,7 +1,7 @@
 //! Connections to `belayerd`: connect, close, ping.
 
+use crate::status::{guard, writable, Failure};
 use belayer_ipc::error_chain;
-use belayer_ipc::ffi::{guard, writable, Failure};
 use belayer_ipc::{Client, Request, Response};
 use std::ffi::{c_char, c_int};
 use std::sync::{Arc, Mutex};

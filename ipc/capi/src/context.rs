@@ -1,6 +1,6 @@
 //! The per-trajectory context logs L_k: append and look up.
 
-use belayer_ipc::ffi::{guard, text, writable};
+use crate::status::{guard, text, writable};
 use belayer_ipc::{Request, Response};
 use std::ffi::{c_char, c_int};
 

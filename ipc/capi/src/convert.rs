@@ -1,7 +1,7 @@
 //! Conversions between the protocol and the C structs: status codes, strings and buffers handed out, text and bytes taken in, and the free functions' helpers.
 
+use crate::status::{text, Failure};
 use belayer_ipc::error_chain;
-use belayer_ipc::ffi::{text, Failure};
 use belayer_ipc::{CheckpointInfo, Client, ErrorCode, ErrorReply, FrameError, Request, Response};
 use std::ffi::{c_char, c_int, CString};
 

@@ -1,7 +1,7 @@
 //! Daemon events: subscribe, next event, free, unsubscribe.
 
+use crate::status::{guard, writable, Failure};
 use belayer_ipc::error_chain;
-use belayer_ipc::ffi::{guard, writable, Failure};
 use belayer_ipc::{Client, Event};
 use std::ffi::{c_char, c_int};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! The handle registry: clients and subscriptions behind opaque 64-bit numbers, never reused.
 
-use belayer_ipc::ffi::Failure;
+use crate::status::Failure;
 use belayer_ipc::{Client, Subscription};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

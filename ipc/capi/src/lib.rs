@@ -1,11 +1,12 @@
 //! `libbelayer`: the C ABI of Belayer, for RL frameworks and inference engines that are not
 //! written in Rust (the Python package in `python/` loads it with ctypes).
 //!
-//! It speaks the binary protocol of `belayerd` (crate `belayer-ipc`) and re-exports the
-//! worker-side memory-server functions (`belayer_mem_*`, `belayer_placeholder_*`,
-//! `belayer_gpu_health_check`) of `belayer_ipc::memory::ffi`, so one library serves both.
-//! The C header `include/belayer.h` is generated from this crate and the ipc crate's FFI
-//! modules by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
+//! It speaks the binary protocol of `belayerd` (crate `belayer-ipc`) and holds the worker-side
+//! memory-server functions too (`belayer_mem_*`, `belayer_placeholder_*`,
+//! `belayer_gpu_health_check`, module `memory`), so one library serves both. Modules, one per
+//! resource: `status` (status codes, the per-thread last error, the panic guard), `types`,
+//! `handles`, `convert`, `library`, `connection`, `sandbox`, `checkpoint`, `context`, `events`,
+//! `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
 //! `BELAYER_BLESS=1 cargo test -p belayer-capi --test header` rewrites it).
 //!
 //! # Conventions
@@ -29,13 +30,12 @@
 //!
 //! # Dependencies
 //!
-//! - `belayer-ipc`: the protocol, the client, the shared FFI machinery
-//!   (`belayer_ipc::ffi`) and the memory-server FFI.
+//! - `belayer-ipc`: the protocol, the client, and the memory-server worker client.
 #![warn(missing_docs)]
 
 use std::ffi::c_int;
 
-pub use belayer_ipc::ffi::{
+pub use crate::status::{
     belayer_last_error, BELAYER_E_ALREADY_EXISTS, BELAYER_E_BAD_HANDLE, BELAYER_E_BAD_REQUEST,
     BELAYER_E_BUSY, BELAYER_E_CHECKPOINT_FAILED, BELAYER_E_CONNECT, BELAYER_E_CORRUPT_CHECKPOINT,
     BELAYER_E_CUDA, BELAYER_E_EXEC_FAILED, BELAYER_E_INTERNAL, BELAYER_E_INVALID_ARGUMENT,
@@ -45,7 +45,7 @@ pub use belayer_ipc::ffi::{
     BELAYER_E_TIMEOUT, BELAYER_E_UNKNOWN_IMAGE, BELAYER_E_UNKNOWN_SANDBOX, BELAYER_E_UNSUPPORTED,
     BELAYER_OK,
 };
-pub use belayer_ipc::memory::ffi::*;
+pub use memory::*;
 
 /// Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
 /// with [`belayer_abi_version`] at run time to detect a header/library mismatch.
@@ -85,7 +85,9 @@ mod convert;
 mod events;
 mod handles;
 mod library;
+mod memory;
 mod sandbox;
+mod status;
 mod types;
 
 pub use checkpoint::*;

@@ -1,6 +1,6 @@
 //! Images, sandboxes and actions: import, create, inspect, destroy, exec.
 
-use belayer_ipc::ffi::{guard, text, writable};
+use crate::status::{guard, text, writable};
 use belayer_ipc::{ExecRequest, Request, Response, SandboxSpec};
 use std::ffi::{c_char, c_int};
 

@@ -171,7 +171,12 @@ fn maybe_checkpoint_follows_the_policy_and_context_round_trips() {
         assert_eq!(d.reason, BELAYER_REASON_NEVER);
         assert_eq!(d.regen_cost_s, 30.0);
 
-        // Adaptive with p = 0.5 and 60 s to regenerate: checkpoint.
+        // A writing action, then adaptive with p = 0.5 and 60 s to regenerate: checkpoint.
+        // (Before any change, the daemon would skip the step as clean.)
+        assert_eq!(
+            daemon.exec(&sandbox.id, "echo two > /root/state").exit_code,
+            0
+        );
         let adaptive = policy(c"adaptive");
         let ctx = b"context at 2";
         let rc = belayer_maybe_checkpoint(

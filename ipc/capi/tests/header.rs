@@ -5,13 +5,10 @@ use std::path::{Path, PathBuf};
 
 fn generate() -> String {
     let capi = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let ipc = capi.parent().expect("ipc dir");
     let config = cbindgen::Config::from_file(capi.join("cbindgen.toml")).expect("cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(capi.join("src/lib.rs"))
-        .with_src(ipc.join("src/ffi.rs"))
-        .with_src(ipc.join("src/memory/ffi.rs"))
         .generate()
         .expect("cbindgen");
     let mut out = Vec::new();

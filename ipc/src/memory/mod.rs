@@ -19,14 +19,12 @@
 //! - [`host`]: the host backend (sealed memfds, fixed-address mappings);
 //! - [`cuda`]: the CUDA backend (driver VMM calls through cudarc, loaded at run time), with the
 //!   GPU health check;
-//! - [`ffi`]: the C ABI of all of the above.
 //!
 //! Backends: [`Backend::Host`] works everywhere; [`Backend::Cuda`] needs an NVIDIA driver and
 //! answers [`cuda::CudaError::NoDriver`] without one.
 
 pub mod client;
 pub mod cuda;
-pub mod ffi;
 pub mod host;
 pub mod layout;
 pub mod mapping;

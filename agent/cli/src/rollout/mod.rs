@@ -112,6 +112,10 @@ fn policy_for(kind: PolicyKind, args: &RolloutArgs, samples: &[f64]) -> PolicySp
     }
 }
 
+/// When this process started its rollout (part of every context id).
+static RUN_START: std::sync::LazyLock<std::time::SystemTime> =
+    std::sync::LazyLock::new(std::time::SystemTime::now);
+
 /// The id of `trajectory`'s context log in run `run` of this process: a name the daemon
 /// accepts (`[A-Za-z0-9._-]`, at most 128 bytes), unique per process and run.
 fn context_id(run: &str, trajectory: &str) -> String {
@@ -126,9 +130,13 @@ fn context_id(run: &str, trajectory: &str) -> String {
             })
             .collect::<String>()
     };
+    // The raw names' digest keeps names that differ only in replaced characters apart; the
+    // start time keeps a reused pid apart from an earlier run's logs.
+    let nonce = blake3::hash(format!("{:?} {run} {trajectory}", *RUN_START).as_bytes()).to_hex();
     let id = format!(
-        "rollout-{}-{}-{}",
+        "rollout-{}-{}-{}-{}",
         std::process::id(),
+        &nonce[..8],
         clean(run),
         clean(trajectory)
     );

@@ -2,7 +2,7 @@
 //! order (format: `shared/trajectories/README.md`; keys `source`, `task`, `step`, `kind`, `cmd`,
 //! `llm_s`, `exec_s`, `rc`, `obs_head`).
 //!
-//! A default selection is compiled into the binary (`agent/trajectories/`), so `belayer
+//! A default selection is compiled into the binary (`agent/cli/trajectories/`), so `belayer
 //! rollout` needs no arguments.
 
 use std::fs;

@@ -121,6 +121,10 @@ pub struct Decision {
     pub visible_cost: f64,
 }
 
+/// A policy keeps at least this many of its most recent decisions, and at most twice as many
+/// ([`Policy::decisions`]).
+pub const MAX_KEPT_DECISIONS: usize = 4096;
+
 /// How many decisions said checkpoint and how many said skip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DecisionCounts {
@@ -265,6 +269,10 @@ impl Policy {
             reason = ?reason,
             "checkpoint decision"
         );
+        if self.decisions.len() >= 2 * MAX_KEPT_DECISIONS {
+            // Bounded memory for a long-lived policy (the daemon's): keep the recent ones.
+            self.decisions.drain(..MAX_KEPT_DECISIONS);
+        }
         self.decisions.push(decision);
         decision
     }
@@ -292,7 +300,7 @@ impl Policy {
         self.responses.observe(t_s);
     }
 
-    /// Every decision so far, in order.
+    /// The recent decisions, in order (at least the last [`MAX_KEPT_DECISIONS`]).
     pub fn decisions(&self) -> &[Decision] {
         &self.decisions
     }

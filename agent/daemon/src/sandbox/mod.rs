@@ -248,6 +248,8 @@ impl SandboxSlot {
             return false;
         }
         mark_failed(&mut rec, &self.paths, self.is_removed());
+        // A failed instance is not its ready state, whatever the last verdicts said.
+        self.changes.forget();
         true
     }
 

@@ -56,6 +56,12 @@ pub enum PolicySpecError {
         /// How many the spec carried.
         got: usize,
     },
+    /// A response-time sample that is negative, NaN or infinite.
+    #[error("response-time sample {value} is not a finite number of seconds >= 0")]
+    BadSample {
+        /// The sample.
+        value: f64,
+    },
 }
 
 /// The checkpoint policy of one sandbox and what it accumulated.
@@ -98,15 +104,17 @@ pub fn policy_from_spec(spec: Option<&PolicySpec>) -> Result<Policy, PolicySpecE
                 got: spec.response_samples_s.len(),
             });
         }
+        if let Some(bad) = spec
+            .response_samples_s
+            .iter()
+            .find(|t| !(t.is_finite() && **t >= 0.0))
+        {
+            return Err(PolicySpecError::BadSample { value: *bad });
+        }
     }
     let mut policy = Policy::new(kind, config).map_err(PolicySpecError::Build)?;
     if let Some(spec) = spec {
-        policy.warm_start(
-            spec.response_samples_s
-                .iter()
-                .copied()
-                .filter(|t| t.is_finite() && *t >= 0.0),
-        );
+        policy.warm_start(spec.response_samples_s.iter().copied());
     }
     Ok(policy)
 }
@@ -267,6 +275,24 @@ mod tests {
             ..Default::default()
         };
         assert!(policy_from_spec(Some(&bad)).is_err());
+        for sample in [f64::NAN, f64::INFINITY, -1.0] {
+            let bad = PolicySpec {
+                response_samples_s: vec![1.0, sample],
+                ..Default::default()
+            };
+            assert!(matches!(
+                policy_from_spec(Some(&bad)),
+                Err(PolicySpecError::BadSample { .. })
+            ));
+        }
+        let many = PolicySpec {
+            response_samples_s: vec![1.0; belayer_ipc::message::MAX_RESPONSE_SAMPLES + 1],
+            ..Default::default()
+        };
+        assert!(matches!(
+            policy_from_spec(Some(&many)),
+            Err(PolicySpecError::TooManySamples { .. })
+        ));
     }
 
     #[test]

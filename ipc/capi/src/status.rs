@@ -2,7 +2,7 @@
 //! panic guard and argument checks.
 //!
 //! Both halves of the C ABI use it: the memory-server functions (`belayer_mem_*`, in
-//! [`crate::memory::ffi`]) and the daemon functions (`belayer_*`, in the `belayer-capi` crate).
+//! [`crate::memory`]) and the daemon functions (`belayer_*`, the other modules).
 //! Every exported function returns a status code ([`BELAYER_OK`] = 0, negative on failure)
 //! computed by [`guard`]; on failure the message is kept per thread and returned by
 //! [`belayer_last_error`]. No Rust panic crosses the boundary: a panic becomes

@@ -23,18 +23,17 @@
 
 use std::ffi::{c_char, c_int, CString};
 
-use super::client::{MemClient, MemClientError};
-use super::layout::Layout;
-use super::mapping::{MapError, Mapping};
-use super::message::{AttachRequest, Backend, LeaseMode};
-use super::placeholder::Placeholder;
-use crate::error_chain;
-pub use crate::ffi::{
-    belayer_last_error, BELAYER_E_CONNECT, BELAYER_E_CUDA, BELAYER_E_INVALID_ARGUMENT,
-    BELAYER_E_LAYOUT, BELAYER_E_MAP, BELAYER_E_OWNER_GONE, BELAYER_E_PANIC, BELAYER_E_REFUSED,
-    BELAYER_OK,
+use crate::status::{guard, text, writable, Failure};
+use crate::status::{
+    BELAYER_E_CONNECT, BELAYER_E_CUDA, BELAYER_E_INVALID_ARGUMENT, BELAYER_E_LAYOUT, BELAYER_E_MAP,
+    BELAYER_E_OWNER_GONE, BELAYER_E_REFUSED,
 };
-use crate::ffi::{guard, text, writable, Failure};
+use belayer_ipc::error_chain;
+use belayer_ipc::memory::client::{MemClient, MemClientError};
+use belayer_ipc::memory::layout::Layout;
+use belayer_ipc::memory::mapping::{MapError, Mapping};
+use belayer_ipc::memory::message::{AttachRequest, Backend, LeaseMode};
+use belayer_ipc::memory::placeholder::Placeholder;
 
 /// Lease mode [`LeaseMode::Read`].
 pub const BELAYER_LEASE_READ: c_int = 0;
@@ -71,7 +70,7 @@ impl From<MapError> for Failure {
 }
 
 fn map_code(err: &MapError) -> c_int {
-    use super::mapping::BackendError;
+    use belayer_ipc::memory::mapping::BackendError;
     match err {
         MapError::OpenDevice { .. } => BELAYER_E_CUDA,
         MapError::Reserve { source, .. }
@@ -380,7 +379,7 @@ pub unsafe extern "C" fn belayer_mem_owner_alive(client: *const BelayerMemClient
 #[no_mangle]
 pub unsafe extern "C" fn belayer_gpu_health_check(device: c_int, micros: *mut u64) -> c_int {
     guard(|| {
-        let took = super::cuda::health_check(device)
+        let took = belayer_ipc::memory::cuda::health_check(device)
             .map_err(|err| Failure::new(BELAYER_E_CUDA, error_chain(&err)))?;
         // SAFETY: forwarded from this function's contract (null allowed).
         if let Some(micros) = unsafe { micros.as_mut() } {
@@ -488,6 +487,7 @@ mod tests {
     use std::ptr;
 
     use super::*;
+    use crate::status::{belayer_last_error, BELAYER_OK};
 
     fn last_error() -> String {
         // SAFETY: belayer_last_error never returns null and the string lives until the next
@@ -565,7 +565,7 @@ mod tests {
 
     #[test]
     fn cuda_calls_without_a_driver_report_cuda_errors() {
-        if super::super::cuda::driver_present() {
+        if belayer_ipc::memory::cuda::driver_present() {
             eprintln!("skipping: a CUDA driver is present");
             return;
         }
