@@ -336,6 +336,10 @@ fn rollout_report_counts_clean_skips() {
             "--action-timeout",
             "10",
             "--no-overhead-run",
+            // Checkpoint from the first step on: "clean" is relative to a ready checkpoint
+            // (the set-up action already changed the fresh sandbox).
+            "--initial-checkpoint-cost",
+            "0",
         ])
         .arg("--image-rootfs")
         .arg(belayer_tests::python_rootfs())
