@@ -30,7 +30,7 @@ import belayer
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRAJECTORY = (
-    REPO / "agent" / "trajectories" / "tbmini__grid-pattern-transform__2025-08-07__20-46-16.jsonl"
+    REPO / "agent" / "cli" / "trajectories" / "tbmini__grid-pattern-transform__2025-08-07__20-46-16.jsonl"
 )
 MARKER = "/root/.belayer-steps"
 
