@@ -433,6 +433,9 @@ fn take(
     }
     if let Err(e) = store.set_ready(&manifest.checkpoint) {
         let _ = store::snapshot::remove_checkpoint_dir(&published);
+        // The pointer may have moved before the failure: no ready checkpoint is known to
+        // hold the current state any more.
+        slot.changes.forget();
         return Err(e.into());
     }
     slot.set_layer_base(Some((rec.instance, std::sync::Arc::new(layer))));
