@@ -1,15 +1,13 @@
 //! Connections to `belayerd`: connect, close, ping.
 
-use crate::status::{guard, writable, Failure};
-use belayer_ipc::error_chain;
-use belayer_ipc::{Client, Request, Response};
+use crate::status::{guard, writable};
+use belayer_ipc::{Request, Response};
 use std::ffi::{c_char, c_int};
 use std::sync::{Arc, Mutex};
 
 use crate::convert::*;
 use crate::handles::*;
 use crate::types::*;
-use crate::*;
 
 /// Connects to `belayerd` at `socket_path` (NULL: [`BELAYER_DEFAULT_SOCKET`]) and stores the
 /// new client handle in `*out`. Close it with [`belayer_close`].
@@ -28,9 +26,7 @@ pub unsafe extern "C" fn belayer_connect(
         // SAFETY: forwarded from this function's contract.
         let (path, out) = unsafe { (opt_text(socket_path, "socket_path")?, writable(out, "out")?) };
         *out = 0;
-        let path = path.unwrap_or(BELAYER_DEFAULT_SOCKET);
-        let client = Client::connect(path)
-            .map_err(|err| Failure::new(BELAYER_E_CONNECT, error_chain(&err)))?;
+        let client = connect_to(path)?;
         *out = register(Entry::Client(Arc::new(Mutex::new(client))));
         Ok(())
     })

@@ -275,3 +275,11 @@ pub(crate) fn reason_code(reason: &str) -> c_int {
 pub(crate) fn opt_non_negative(v: f64) -> Option<f64> {
     (v >= 0.0).then_some(v)
 }
+
+/// A connection to the daemon at `path` (`None`: [`BELAYER_DEFAULT_SOCKET`]).
+///
+/// Errors: `BELAYER_E_CONNECT` with the cause.
+pub(crate) fn connect_to(path: Option<&str>) -> Result<Client, Failure> {
+    Client::connect(path.unwrap_or(BELAYER_DEFAULT_SOCKET))
+        .map_err(|err| Failure::new(BELAYER_E_CONNECT, error_chain(&err)))
+}

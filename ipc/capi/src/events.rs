@@ -2,7 +2,7 @@
 
 use crate::status::{guard, writable, Failure};
 use belayer_ipc::error_chain;
-use belayer_ipc::{Client, Event};
+use belayer_ipc::Event;
 use std::ffi::{c_char, c_int};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,9 +30,7 @@ pub unsafe extern "C" fn belayer_subscribe(
         // SAFETY: forwarded from this function's contract.
         let (path, out) = unsafe { (opt_text(socket_path, "socket_path")?, writable(out, "out")?) };
         *out = 0;
-        let path = path.unwrap_or(BELAYER_DEFAULT_SOCKET);
-        let client = Client::connect(path)
-            .map_err(|err| Failure::new(BELAYER_E_CONNECT, error_chain(&err)))?;
+        let client = connect_to(path)?;
         let sub = client.subscribe().map_err(|err| match err {
             belayer_ipc::ClientError::SubscribeRefused { code, message } => {
                 Failure::new(status_of(code), message)
