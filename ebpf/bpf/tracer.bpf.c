@@ -69,10 +69,23 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } events SEC(".maps");
 
+/* Depth of the sandboxes' pid namespaces (the agent's own depth + 1), set by the loader; 0:
+ * unset. A task of a tracked cgroup in a shallower pid namespace is the agent's, not the
+ * sandbox's: CRIU joins a sandbox's cgroup from the agent's pid namespace while it restores
+ * the tree (its syscalls, its action script's), and a sandbox can make no such task. */
+const volatile __u32 sandbox_pid_level = 0;
+
+/* The counters of the current task's cgroup when it is tracked and the task is the
+ * sandbox's (see sandbox_pid_level); NULL otherwise. */
 static __always_inline struct counters *current_counters(void)
 {
 	__u64 id = bpf_get_current_cgroup_id();
-	return bpf_map_lookup_elem(&sandboxes, &id);
+	struct counters *c = bpf_map_lookup_elem(&sandboxes, &id);
+
+	if (c && sandbox_pid_level &&
+	    BPF_CORE_READ(bpf_get_current_task_btf(), thread_pid, level) < sandbox_pid_level)
+		return 0;
+	return c;
 }
 
 static __always_inline __u64 task_cgroup_id(struct task_struct *t)

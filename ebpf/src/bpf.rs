@@ -74,16 +74,20 @@ pub(crate) struct BpfTracer {
 
 impl BpfTracer {
     /// Loads and attaches the programs. `host_mnt_ns`: inode number of a mount namespace
-    /// whose files are not sandbox state (the agent's own; 0 for none).
+    /// whose files are not sandbox state (the agent's own; 0 for none). `sandbox_pid_level`:
+    /// depth of the sandboxes' pid namespaces; tasks of a tracked cgroup in shallower ones
+    /// count nothing (0: every task counts).
     pub(crate) fn start(
         targets: Targets,
         sink: Sink,
         host_mnt_ns: u64,
+        sandbox_pid_level: u32,
     ) -> Result<BpfTracer, TracerError> {
         let btf = Btf::from_sys_fs().map_err(TracerError::Btf)?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .override_global("host_mnt_ns", &host_mnt_ns, true)
+            .override_global("sandbox_pid_level", &sandbox_pid_level, true)
             .load(OBJECT)
             .map_err(TracerError::Load)?;
         for (name, tp) in BTF_PROGRAMS {

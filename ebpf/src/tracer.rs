@@ -17,6 +17,7 @@ pub struct TracerBuilder {
     force_fallback: bool,
     sink: Option<Sink>,
     own_mount_ns: u64,
+    sandbox_pid_level: u32,
 }
 
 impl fmt::Debug for TracerBuilder {
@@ -24,6 +25,7 @@ impl fmt::Debug for TracerBuilder {
         f.debug_struct("TracerBuilder")
             .field("force_fallback", &self.force_fallback)
             .field("own_mount_ns", &self.own_mount_ns)
+            .field("sandbox_pid_level", &self.sandbox_pid_level)
             .finish_non_exhaustive()
     }
 }
@@ -47,6 +49,17 @@ impl TracerBuilder {
         self
     }
 
+    /// The depth of the sandboxes' pid namespaces (0 is the initial one): the tasks of a
+    /// tracked cgroup in a shallower pid namespace are the agent's own and count neither
+    /// file changes nor processes created (CRIU joins a sandbox's cgroup from the agent's
+    /// pid namespace while it restores the tree; a sandbox cannot make such a task). Unset
+    /// (0): every task counts, as for tests whose processes live in the agent's own pid
+    /// namespace.
+    pub fn sandbox_pid_level(mut self, level: u32) -> Self {
+        self.sandbox_pid_level = level;
+        self
+    }
+
     /// The function that receives every fault (called from the tracer's own thread; keep it
     /// short).
     pub fn on_event(mut self, f: impl Fn(TraceEvent) + Send + Sync + 'static) -> Self {
@@ -61,7 +74,12 @@ impl TracerBuilder {
         let sink = self.sink.unwrap_or_else(|| Arc::new(|_| {}));
         let targets: Targets = Arc::default();
         if !self.force_fallback {
-            match BpfTracer::start(targets.clone(), sink.clone(), self.own_mount_ns) {
+            match BpfTracer::start(
+                targets.clone(),
+                sink.clone(),
+                self.own_mount_ns,
+                self.sandbox_pid_level,
+            ) {
                 Ok(bpf) => {
                     tracing::info!("sandbox tracer: BPF programs attached");
                     return Ok(Tracer {
@@ -135,6 +153,7 @@ impl Tracer {
             force_fallback: false,
             sink: None,
             own_mount_ns: 0,
+            sandbox_pid_level: 0,
         }
     }
 

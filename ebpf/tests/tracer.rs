@@ -450,3 +450,45 @@ fn bpf_ignores_files_of_the_agents_own_mounts_under_ptrace() {
     assert!(writes() > c1, "a task that is not ptraced");
     assert_eq!(std::fs::read_to_string(&f).unwrap(), "seed\nx\ny\nz\n");
 }
+
+/// With the sandboxes' pid-namespace depth given, the tasks of a tracked cgroup in a
+/// shallower pid namespace (the agent's own, as CRIU is while it restores a tree into the
+/// cgroup) count no file change; a task in a pid namespace of that depth does.
+#[test]
+fn bpf_ignores_the_agents_own_pid_namespace() {
+    let Some(mut sc) = Scratch::new("own-pidns") else {
+        return;
+    };
+    let tracer = Tracer::builder()
+        .sandbox_pid_level(1)
+        .start()
+        .expect("tracer");
+    assert_eq!(
+        tracer.kind(),
+        TracerKind::Bpf,
+        "{:?}",
+        tracer.fallback_reason()
+    );
+    let id = cgroup_id(&sc.dir).unwrap();
+    let init = sc.spawn("exec sleep 60");
+    tracer
+        .track(Target {
+            cgroup_id: id,
+            cgroup_dir: sc.dir.clone(),
+            init_pid: init as i32,
+            oom_events: None,
+        })
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let f = scratch.path().join("f");
+    let writes = || tracer.counters(id).unwrap().fs_writes;
+    let c0 = writes();
+    assert_eq!(sc.run(&format!("echo x >> {}", f.display())), 0);
+    assert_eq!(writes(), c0, "a write from the agent's pid namespace");
+    assert_eq!(
+        sc.run(&format!("unshare -p -f sh -c 'echo y >> {}'", f.display())),
+        0
+    );
+    assert!(writes() > c0, "a write from a pid namespace one level down");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "x\ny\n");
+}

@@ -3,7 +3,9 @@
 //! ABI, the Python package and `belayer rollout`) skips a step after which nothing changed as
 //! `clean`, and checkpoints after a writing one. Checked with BPF and with the fallback, across a
 //! restore, and after a restart of `belayerd` (which cannot know what ran before it: it decides
-//! as if the sandbox were dirty until its next checkpoint).
+//! as if the sandbox were dirty until its next checkpoint). Changes no file shows count too: a
+//! step that makes a process started earlier run (a line into the FIFO it reads, a signal it
+//! traps), and what a restored process does after CRIU resumes it, before the next action.
 
 use belayer_ipc::{
     DecisionReason, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
@@ -104,6 +106,66 @@ fn run(d: &mut Daemon) {
         r.checkpointed,
         "after gc removed the ready checkpoint: {r:?}"
     );
+}
+
+/// A step is dirty when it made a process that ran before it run, though no file changed; and
+/// the first step after a restore covers what the restored tree did once it ran.
+fn live_state(d: &mut Daemon) {
+    d.image("busybox", &busybox_rootfs());
+    let id = d.create("busybox").id;
+    // A reader that counts, in its memory only, the lines of a FIFO and the USR1s it gets.
+    let start = "mkfifo /fifo; sh -c 'trap \"n=$((n+1))\" USR1; exec 3<>/fifo; \
+                 while read -r l <&3; do n=$((n+1)); done' </dev/null >/dev/null 2>&1 & \
+                 echo $! > /reader";
+    assert_eq!(d.exec(&id, start).dirty, Some(true));
+    assert!(ask(d, &id, 1).checkpointed);
+    // Blocked in its read, the reader does not run: a read-only step stays clean.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        d.exec(&id, "cat /reader >/dev/null").dirty,
+        Some(false),
+        "{}",
+        d.log_text()
+    );
+    assert_eq!(ask(d, &id, 2).decision.reason, DecisionReason::Clean);
+
+    // A line into the FIFO changes only the reader's memory.
+    assert_eq!(d.exec(&id, "echo hello > /fifo").dirty, Some(true));
+    let r = ask(d, &id, 3);
+    assert!(r.checkpointed, "after a write to the reader's FIFO: {r:?}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(d.exec(&id, "true").dirty, Some(false));
+    // So does a signal it traps.
+    assert_eq!(
+        d.exec(&id, "kill -USR1 $(cat /reader)").dirty,
+        Some(true),
+        "a trapped signal"
+    );
+    assert!(ask(d, &id, 5).checkpointed);
+
+    // A job that writes a file a second after it starts, checkpointed while it sleeps: once
+    // restored, it writes before the next action, which must not be called clean.
+    let job = "sh -c 'sleep 1; echo late > /late' </dev/null >/dev/null 2>&1 &";
+    assert_eq!(d.exec(&id, job).dirty, Some(true));
+    assert!(ask(d, &id, 6).checkpointed);
+    d.fail_stop(&id);
+    assert_eq!(d.restore(&id).prefix, Some(6));
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let read = d.exec(&id, "cat /late");
+    assert_eq!(String::from_utf8_lossy(&read.stdout).trim(), "late");
+    assert_eq!(read.dirty, Some(true), "the restored job wrote /late");
+    let r = ask(d, &id, 7);
+    assert!(r.checkpointed, "after the restored job's write: {r:?}");
+}
+
+#[test]
+fn live_process_state_is_a_change_with_bpf() {
+    live_state(&mut Daemon::start());
+}
+
+#[test]
+fn live_process_state_is_a_change_with_the_fallback() {
+    live_state(&mut Daemon::start_no_bpf());
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //! of an exec ([`ActionProbe`]): infrastructure fault and dirtiness.
 //!
 //! Dirtiness: whether anything changed since the end of the sandbox's previous action (or,
-//! for the first action after the sandbox was tracked, since it was tracked with BPF and since
-//! the action began with the fallback), so that what background processes do between two
+//! for the first action after a restore, since CRIU's pre-resume stage, when the restored tree
+//! is its checkpoint and no task of it runs yet: [`SandboxTracer::track_restored`]; for the
+//! first action after a create or an adoption, since it was tracked with BPF and since the
+//! action began with the fallback), so that what background processes do between two
 //! actions counts for the next one. With BPF, an action is dirty when the sandbox's
 //! file-modification counter moved or its set of processes changed (a process left running
 //! or gone); the counter ignores writes to pipes, sockets, devices, memfds (the action's
@@ -16,7 +18,10 @@
 //! action is also dirty when, at its end or at the end of the previous one, a process of the
 //! sandbox held something through which files change without any syscall ([`held`]: a shared
 //! writable file mapping, an io_uring, an AIO context; with BPF also a live process that ever
-//! used io_uring or AIO): a step is never reported clean while a file may have changed.
+//! used io_uring or AIO): a step is never reported clean while a file may have changed. And
+//! with both, an action is dirty when a process that was running before it began ran while it
+//! ran ([`activity`]: a request to a server, a line into a FIFO, a trapped signal change only
+//! that process's memory).
 //!
 //! Infrastructure faults: with BPF, the counters of external kills and OOM victims (kept by the
 //! BPF programs, read synchronously, so nothing races the ring buffer); with the fallback, the
@@ -24,6 +29,7 @@
 //! without the timeout firing counts as an external kill (a kill of another process from
 //! outside is not seen there). A dead init is `sandbox_lost` in both.
 
+pub mod activity;
 pub mod held;
 
 use std::collections::HashMap;
@@ -36,6 +42,7 @@ use belayer_ipc::{InfraFault, InfraFaultKind};
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::ActionStatus;
 use crate::record::SandboxRecord;
+use activity::{Activity, Ran};
 use held::Writer;
 
 /// Handles a fault of sandbox `id` (called from the tracer's thread).
@@ -98,6 +105,7 @@ impl SandboxTracer {
         let tracer = Tracer::builder()
             .force_fallback(no_bpf)
             .own_mount_ns(own_ns)
+            .sandbox_pid_level(own_pid_level() + 1)
             .on_event(move |ev| {
                 let Some(id) = lock(&s.ids).get(&ev.cgroup_id).cloned() else {
                     return;
@@ -133,19 +141,25 @@ impl SandboxTracer {
     /// Failures are logged: the sandbox then runs untraced (dirtiness unknown).
     pub fn track(&self, rec: &SandboxRecord) {
         self.untrack(&rec.id);
-        lock(&self.shared.marks).remove(&rec.id);
         let (Some(init_pid), Ok(cg)) = (rec.init_pid, SandboxCgroup::open(&rec.cgroup)) else {
             return;
         };
+        self.track_parts(&rec.id, &cg, init_pid);
+    }
+
+    /// Tracks sandbox `sandbox` (replacing its earlier instance and forgetting its mark):
+    /// its cgroup and init. Returns the cgroup id, `None` (logged) when it is not traced.
+    fn track_parts(&self, sandbox: &str, cg: &SandboxCgroup, init_pid: i32) -> Option<u64> {
+        self.untrack(sandbox);
         let Some(dir) = cg.v2_dir() else {
-            tracing::warn!(sandbox = %rec.id, "no cgroup v2 directory: sandbox not traced");
-            return;
+            tracing::warn!(sandbox, "no cgroup v2 directory: sandbox not traced");
+            return None;
         };
         let id = match cgroup_id(dir) {
             Ok(id) => id,
             Err(e) => {
-                tracing::warn!(sandbox = %rec.id, error = %e, "cannot stat the sandbox cgroup");
-                return;
+                tracing::warn!(sandbox, error = %e, "cannot stat the sandbox cgroup");
+                return None;
             }
         };
         let target = Target {
@@ -155,13 +169,15 @@ impl SandboxTracer {
             oom_events: cg.oom_events_file(),
         };
         // Registered before the tracer knows it, so no fault finds an unknown cgroup.
-        lock(&self.shared.ids).insert(id, rec.id.clone());
-        lock(&self.shared.cgroups).insert(rec.id.clone(), id);
+        lock(&self.shared.ids).insert(id, sandbox.to_string());
+        lock(&self.shared.cgroups).insert(sandbox.to_string(), id);
         if let Err(e) = self.tracer.track(target) {
-            tracing::warn!(sandbox = %rec.id, error = %e, "cannot trace sandbox");
+            tracing::warn!(sandbox, error = %e, "cannot trace sandbox");
             lock(&self.shared.ids).remove(&id);
-            lock(&self.shared.cgroups).remove(&rec.id);
+            lock(&self.shared.cgroups).remove(sandbox);
+            return None;
         }
+        Some(id)
     }
 
     /// Stops tracing a sandbox (before the agent kills it itself, or when it is removed).
@@ -192,6 +208,7 @@ impl SandboxTracer {
     ) -> ActionProbe {
         let cg = self.cgroup_of(&rec.id);
         let counters = cg.and_then(|c| self.tracer.counters(c));
+        let live = live_pids(cgroup, rec.init_pid);
         let base = cg.map(|c| {
             let mark = lock(&self.shared.marks)
                 .get(&rec.id)
@@ -201,7 +218,7 @@ impl SandboxTracer {
                 cgroup_id: c,
                 // The counters started at 0 when the cgroup was tracked.
                 fs_writes: counters.filter(|_| self.tracer.counts_files()).map(|_| 0),
-                pids: live_pids(cgroup, rec.init_pid),
+                pids: live.clone(),
                 upper: if self.tracer.counts_files() {
                     None
                 } else {
@@ -210,17 +227,61 @@ impl SandboxTracer {
                 held: held::scan(&cgroup.pids().unwrap_or_default()),
             })
         });
+        // The processes running before the action, less the init (Belayer's own: it only
+        // reaps), whose running during the action is a change no file shows.
+        let running: Vec<i32> = live
+            .into_iter()
+            .filter(|p| Some(*p) != rec.init_pid)
+            .collect();
         ActionProbe {
             cgroup_id: cg,
             oom_kills: cg.and_then(|c| self.tracer.oom_kills(c)),
             counters,
+            activity: base.as_ref().map(|_| Activity::snapshot(&running)),
             base,
         }
     }
 
-    /// Whether a writer is held now: `/proc`, then the BPF count of live io_uring/AIO users.
-    fn held_now(&self, cgroup: &SandboxCgroup, after: Option<&Counters>) -> Option<Writer> {
-        held::scan(&cgroup.pids().unwrap_or_default()).or_else(|| {
+    /// Tracks a restored instance at CRIU's pre-resume stage, while CRIU holds every task of
+    /// the tree it rebuilt, and marks that moment as the sandbox's last action boundary: the
+    /// first action after the restore is compared with the ready checkpoint's state as
+    /// restored, so what the restored processes do after they resume (a background job's
+    /// write, its exit) counts for that action. Failures are logged: the sandbox then runs
+    /// untraced (dirtiness unknown). Returns whether it is traced.
+    pub fn track_restored(
+        &self,
+        id: &str,
+        cgroup: &SandboxCgroup,
+        init_pid: i32,
+        upper: &Path,
+    ) -> bool {
+        let Some(c) = self.track_parts(id, cgroup, init_pid) else {
+            return false;
+        };
+        let counters = self.tracer.counters(c);
+        let counts_files = self.tracer.counts_files();
+        // The restored tree only: CRIU and its action script are in the cgroup too.
+        let pids = live_pids(cgroup, Some(init_pid));
+        let held = self.held_now(&pids, counters.as_ref());
+        let mark = Mark {
+            cgroup_id: c,
+            fs_writes: counters.filter(|_| counts_files).map(|a| a.fs_writes),
+            pids,
+            upper: if counts_files {
+                None
+            } else {
+                upper_fingerprint(upper)
+            },
+            held,
+        };
+        lock(&self.shared.marks).insert(id.to_string(), mark);
+        true
+    }
+
+    /// Whether one of `pids` holds a writer now (`/proc`), or the BPF count of live
+    /// io_uring/AIO users is above 0.
+    fn held_now(&self, pids: &[i32], after: Option<&Counters>) -> Option<Writer> {
+        held::scan(pids).or_else(|| {
             after
                 .filter(|a| a.async_procs > 0)
                 .map(|a| Writer::AsyncIo {
@@ -246,6 +307,8 @@ pub struct ActionProbe {
     counters: Option<Counters>,
     oom_kills: Option<u64>,
     base: Option<Mark>,
+    /// CPU use of the processes running before the action (taken with `base`).
+    activity: Option<Activity>,
 }
 
 const FATAL: [i32; 6] = [
@@ -323,11 +386,21 @@ impl ActionProbe {
                 _ => None,
             },
         };
-        let held = tracer.held_now(cgroup, after.as_ref());
+        let held = tracer.held_now(&cgroup.pids().unwrap_or_default(), after.as_ref());
         if let Some(w) = base.held.as_ref().or(held.as_ref()) {
             tracing::debug!(sandbox = %rec.id, writer = %w, "files may change without syscalls: step dirty");
         }
-        let certain = pids != base.pids || base.held.is_some() || held.is_some();
+        let ran: Option<Ran> = self.activity.as_ref().and_then(Activity::ran_since);
+        if let Some(r) = &ran {
+            tracing::debug!(sandbox = %rec.id, activity = %r, "a process that was running before the action ran: step dirty");
+        }
+        if pids != base.pids {
+            tracing::debug!(sandbox = %rec.id, before = ?base.pids, after = ?pids, "the set of processes changed: step dirty");
+        }
+        if files_changed == Some(true) {
+            tracing::debug!(sandbox = %rec.id, "files changed: step dirty");
+        }
+        let certain = pids != base.pids || base.held.is_some() || held.is_some() || ran.is_some();
         let dirty = match files_changed {
             Some(f) => Some(f || certain),
             None => certain.then_some(true),
@@ -372,6 +445,12 @@ fn live_pids(cgroup: &SandboxCgroup, init: Option<i32>) -> Vec<i32> {
         if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
             return false;
         }
+        // The agent's own tasks (CRIU while it restores the tree joins the cgroup from the
+        // agent's pid namespace) are not the sandbox's.
+        let depth = field("NSpid:").map_or(0, |v| v.split_whitespace().count() as u32);
+        if depth <= own_pid_level() + 1 {
+            return false;
+        }
         let sid = field("NSsid:")
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse::<i32>().ok());
@@ -384,6 +463,22 @@ fn live_pids(cgroup: &SandboxCgroup, init: Option<i32>) -> Vec<i32> {
         pending & (kill_bit | !handled) == 0
     });
     pids
+}
+
+/// The depth of the agent's own pid namespace (0: the initial one), from the `NSpid` line of
+/// `/proc/self/status` (one pid per level); 0 when it cannot be read.
+fn own_pid_level() -> u32 {
+    static LEVEL: OnceLock<u32> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .map(|v| v.split_whitespace().count() as u32)
+            })
+            .map_or(0, |n| n.saturating_sub(1))
+    })
 }
 
 /// Most directory entries the fingerprint walk holds at once; a wider directory makes the

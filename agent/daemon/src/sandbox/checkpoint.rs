@@ -432,9 +432,12 @@ fn take(
         return Err(e);
     }
     if let Err(e) = store.set_ready(&manifest.checkpoint) {
-        let _ = store::snapshot::remove_checkpoint_dir(&published);
-        // The pointer may have moved before the failure: no ready checkpoint is known to
-        // hold the current state any more.
+        // The pointer names the previous checkpoint again, unless even pointing it back
+        // failed: then it names this one, which stays. Either way no ready checkpoint is
+        // known to hold the current state durably.
+        if !matches!(e, store::StoreError::PointerMoved { .. }) {
+            let _ = store::snapshot::remove_checkpoint_dir(&published);
+        }
         slot.changes.forget();
         return Err(e.into());
     }

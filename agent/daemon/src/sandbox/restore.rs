@@ -253,7 +253,7 @@ fn restore_locked(
     slot.set_layer_base(base);
     let t_criu = Instant::now();
     let mut restored_processes = None;
-    let (pid, start) = match &manifest {
+    let (pid, start, traced) = match &manifest {
         Some(m) => {
             let work = slot.paths.criu_work();
             let _ = belayer_overlay::remove_dir_all(&work);
@@ -284,6 +284,7 @@ fn restore_locked(
             let ns_last_pid = m.ns_last_pid;
             let mut restored_list = None;
             let mut netns_lock = None;
+            let mut traced = false;
             let mut on_stage = |stage, pid| {
                 match stage {
                     RestoreStage::Namespaces => {
@@ -304,6 +305,11 @@ fn restore_locked(
                         if verify {
                             restored_list = Some(super::process_list(instance.cgroup()));
                         }
+                        // Traced from here, so the first action's verdict covers everything
+                        // the restored tree does once it runs (`SandboxTracer::track_restored`).
+                        traced = rt
+                            .tracer
+                            .track_restored(&id, instance.cgroup(), pid, &upper);
                     }
                 }
                 Ok(())
@@ -354,6 +360,7 @@ fn restore_locked(
                     // Whatever CRIU had restored dies with the fresh cgroup (`Instance`'s drop:
                     // cgroup.kill, then unmount); the reaper collects it. The ready checkpoint
                     // is untouched and the sandbox `failed`: a later restore starts afresh.
+                    rt.tracer.untrack(&id);
                     drop(instance);
                     return Err(discard(e));
                 }
@@ -372,9 +379,12 @@ fn restore_locked(
             restored_processes = restored_list;
             instance.keep();
             let start = sys::process_start_time(outcome.pid).unwrap_or(0);
-            (outcome.pid, start)
+            (outcome.pid, start, traced)
         }
-        None => instance.spawn_init(rt, &snapshot, &slot.paths)?,
+        None => {
+            let (pid, start) = instance.spawn_init(rt, &snapshot, &slot.paths)?;
+            (pid, start, false)
+        }
     };
     t.criu_restore = ms(t_criu);
 
@@ -388,6 +398,7 @@ fn restore_locked(
         r.inherited_bytes = inherited;
     });
     if let Err(e) = committed {
+        rt.tracer.untrack(&id);
         slot.set_transient(SandboxState::Failed);
         if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
             let _ = cg.kill_all(Duration::from_secs(10));
@@ -398,7 +409,9 @@ fn restore_locked(
         return Err(e.into());
     }
     restoring.done = true;
-    rt.tracer.track(&slot.record());
+    if !traced {
+        rt.tracer.track(&slot.record());
+    }
     // The old instance is garbage now.
     let (paths, old) = (slot.paths.clone(), rec.instance);
     std::thread::spawn(move || retire_instance(&paths, old));

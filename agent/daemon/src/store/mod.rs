@@ -67,6 +67,17 @@ pub enum StoreError {
     /// The ready pointer names a checkpoint that does not exist.
     #[error("ready pointer names missing checkpoint {0}")]
     DanglingReady(String),
+    /// The ready pointer was renamed to name `checkpoint` but could not be made durable, and
+    /// pointing it back failed too: it names `checkpoint` now (which must be kept), and after
+    /// a crash it may name the previous one.
+    #[error("ready pointer moved to {checkpoint} but is not known to be durable")]
+    PointerMoved {
+        /// The checkpoint the pointer names now.
+        checkpoint: String,
+        /// The first failure (the directory's fsync).
+        #[source]
+        source: Box<StoreError>,
+    },
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -223,26 +234,60 @@ impl CheckpointStore {
     }
 
     /// Atomically points `READY` at `name` (write temp, fsync, rename, fsync dir).
+    ///
+    /// On an error the pointer names what it named before (when the rename took effect but
+    /// the directory's fsync failed, it is pointed back), so `name` may be removed; except
+    /// [`StoreError::PointerMoved`]: pointing back failed as well, the pointer names `name`,
+    /// and `name` must be kept.
     pub fn set_ready(&self, name: &str) -> Result<(), StoreError> {
-        let tmp = self.dir.join(".READY.tmp");
-        {
-            let mut f = fs::File::create(&tmp).map_err(io("create", &tmp))?;
-            f.write_all(name.as_bytes()).map_err(io("write", &tmp))?;
-            f.sync_all().map_err(io("fsync", &tmp))?;
-        }
         let ready = self.dir.join(READY);
-        fs::rename(&tmp, &ready).map_err(io("rename", &ready))?;
-        sys::fsync_path(&self.dir).map_err(|e| io("fsync", &self.dir)(e.source))
+        let previous = match fs::read_to_string(&ready) {
+            Ok(p) => Some(p),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io("read", &ready)(e)),
+        };
+        match self.write_pointer(Some(name)) {
+            Ok(()) => Ok(()),
+            Err((false, e)) => Err(e),
+            Err((true, e)) => match self.write_pointer(previous.as_deref()) {
+                Ok(()) => Err(e),
+                Err(_) => Err(StoreError::PointerMoved {
+                    checkpoint: name.to_string(),
+                    source: Box::new(e),
+                }),
+            },
+        }
+    }
+
+    /// Makes the ready pointer name `name` (`None`: removes it), durably. An error comes
+    /// with whether the pointer changed before it.
+    fn write_pointer(&self, name: Option<&str>) -> Result<(), (bool, StoreError)> {
+        let ready = self.dir.join(READY);
+        match name {
+            Some(name) => {
+                let tmp = self.dir.join(".READY.tmp");
+                let written =
+                    fs::File::create(&tmp)
+                        .map_err(io("create", &tmp))
+                        .and_then(|mut f| {
+                            f.write_all(name.as_bytes()).map_err(io("write", &tmp))?;
+                            f.sync_all().map_err(io("fsync", &tmp))
+                        });
+                written.map_err(|e| (false, e))?;
+                fs::rename(&tmp, &ready).map_err(|e| (false, io("rename", &ready)(e)))?;
+            }
+            None => match fs::remove_file(&ready) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err((false, io("unlink", &ready)(e))),
+            },
+        }
+        sys::fsync_path(&self.dir).map_err(|e| (true, io("fsync", &self.dir)(e.source)))
     }
 
     /// Removes the ready pointer (the sandbox then restarts from its base image).
     pub fn clear_ready(&self) -> Result<(), StoreError> {
-        let ready = self.dir.join(READY);
-        match fs::remove_file(&ready) {
-            Ok(()) => sys::fsync_path(&self.dir).map_err(|e| io("fsync", &self.dir)(e.source)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io("unlink", &ready)(e)),
-        }
+        self.write_pointer(None).map_err(|(_, e)| e)
     }
 
     /// Removes staging leftovers and checkpoints published after the ready one (a crash between
