@@ -34,7 +34,7 @@ build() {
   cargo build --release -p belayer-workers -p belayer-bench --bins >&2
   local ipc agent_lib memory
   exe_of() { sed -n 's/^ *Executable .*(\(.*\))$/\1/p' | head -1; }
-  ipc=$(cargo test --release -p belayer-ipc --lib --no-run 2>&1 | tee /dev/stderr | exe_of)
+  ipc=$(cargo test --release -p belayer-ipc --features cuda --lib --no-run 2>&1 | tee /dev/stderr | exe_of)
   agent_lib=$(cargo test --release -p belayer-workers --lib --no-run 2>&1 | tee /dev/stderr | exe_of)
   memory=$(cargo test --release -p belayer-workers --test memory --no-run 2>&1 | tee /dev/stderr | exe_of)
   if [ -z "$ipc" ] || [ -z "$agent_lib" ] || [ -z "$memory" ]; then

@@ -37,6 +37,16 @@ python_tests() {
   (cd python/tests && python3 -m pytest -q -p no:cacheprovider .)
 }
 
+# The `belayer` client is built without belayer-ipc's `cuda` feature: cudarc is not among its
+# dependencies.
+client_links_no_cuda() {
+  # grep reads the whole tree (no -q: an early exit would make pipefail hide a match).
+  if cargo tree -p belayer-cli -e normal | grep cudarc >&2; then
+    echo "belayer-cli depends on cudarc; only the crates that map GPU memory enable belayer-ipc/cuda" >&2
+    return 1
+  fi
+}
+
 step cargo fmt --all -- --check
 step cargo clippy --workspace --all-targets -- -D warnings
 step cargo build --workspace --bins
@@ -44,4 +54,9 @@ step cargo build --workspace --bins
 # when the checked-in header differs (tests/header.rs).
 step cargo build -p belayer-capi
 step cargo test --workspace --no-fail-fast "$@"
+# Built alone, belayer-ipc has no CUDA backend (its cargo feature `cuda`, which the workspace build
+# turns on through belayer-workers): lint and test that build too, and keep the client off cudarc.
+step cargo clippy -p belayer-ipc --all-targets -- -D warnings
+step cargo test -p belayer-ipc --lib
+step client_links_no_cuda
 step python_tests

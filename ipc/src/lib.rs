@@ -44,7 +44,7 @@
 //! KV-cache arena (paper: "State isolation"): the layout format and hash, the memory protocol
 //! (frame kinds 4 and 5, region descriptors by `SCM_RIGHTS`), the client with leases and the
 //! owner-alive check, mappings with unmap/remap at the same address, the host (memfd) and CUDA
-//! (driver VMM) backends and the GPU health check.
+//! (driver VMM, cargo feature `cuda`) backends and the GPU health check.
 //!
 //! # C ABI
 //!
@@ -66,8 +66,12 @@
 //! - `tracing`: structured logs of refused peers, bad frames and connection lifecycles.
 //! - `blake3`: the layout hash.
 //! - `toml`: layout files.
-//! - `cudarc` (driver API only, loaded at run time, no toolkit needed to build): the CUDA VMM
-//!   calls of the CUDA memory backend.
+//! - `cudarc` (driver API only, loaded at run time, no toolkit needed to build), only with the
+//!   cargo feature `cuda` (off by default): the CUDA VMM calls of the CUDA memory backend. The
+//!   crates that map GPU memory turn it on (`belayer-workers`: memory servers, router, engine;
+//!   `belayer-capi`; `belayer-bench`); the command-line client (`belayer-cli`) does not, so it
+//!   links no CUDA code. Without the feature the protocol is the same and every CUDA operation
+//!   answers `CudaError::NotBuilt` ([`memory::cuda`]).
 //! - `nix` `mman`: fixed-address mappings inside a reservation (`MAP_FIXED`), which `memmap2`
 //!   cannot place, so it is not used.
 #![warn(missing_docs)]

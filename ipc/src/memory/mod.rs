@@ -17,11 +17,12 @@
 //!   same address) and [`Placeholder`] (worker-local buffers that give their memory back on
 //!   standby and keep their address);
 //! - [`host`]: the host backend (sealed memfds, fixed-address mappings);
-//! - [`cuda`]: the CUDA backend (driver VMM calls through cudarc, loaded at run time), with the
-//!   GPU health check;
+//! - [`cuda`]: the CUDA backend (driver VMM calls through cudarc, loaded at run time; cargo
+//!   feature `cuda`), with the GPU health check;
 //!
-//! Backends: [`Backend::Host`] works everywhere; [`Backend::Cuda`] needs an NVIDIA driver and
-//! answers [`cuda::CudaError::NoDriver`] without one.
+//! Backends: [`Backend::Host`] works everywhere; [`Backend::Cuda`] needs a build with the
+//! `cuda` feature (else [`cuda::CudaError::NotBuilt`]) and an NVIDIA driver (else
+//! [`cuda::CudaError::NoDriver`]).
 
 pub mod client;
 pub mod cuda;

@@ -2,6 +2,17 @@
 
 use super::*;
 
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn without_the_cuda_feature_every_entry_point_answers_not_built() {
+    assert!(!driver_present());
+    assert!(matches!(CudaDevice::open(0), Err(CudaError::NotBuilt)));
+    assert!(matches!(health_check(0), Err(CudaError::NotBuilt)));
+    let message = CudaError::NotBuilt.to_string();
+    assert!(message.contains("feature `cuda`") && message.contains("--device host"));
+}
+
+#[cfg(feature = "cuda")]
 #[test]
 fn without_a_driver_every_entry_point_answers_no_driver() {
     if driver_present() {
@@ -14,6 +25,7 @@ fn without_a_driver_every_entry_point_answers_no_driver() {
     assert!(message.contains("libcuda") && message.contains("--device host"));
 }
 
+#[cfg(feature = "cuda")]
 #[test]
 fn export_import_map_and_unmap_on_a_real_device() {
     if !driver_present() {

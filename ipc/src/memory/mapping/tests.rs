@@ -155,6 +155,19 @@ fn a_host_placeholder_gives_memory_back_and_keeps_its_address() {
     assert_eq!(buf, [0; 5], "a remapped placeholder holds fresh memory");
 }
 
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_placeholders_need_the_cuda_feature() {
+    assert!(matches!(
+        Placeholder::new(Backend::Cuda { device: 0 }, 1 << 20),
+        Err(MapError::OpenDevice {
+            device: 0,
+            source: CudaError::NotBuilt
+        })
+    ));
+}
+
+#[cfg(feature = "cuda")]
 #[test]
 fn cuda_placeholders_need_a_driver() {
     if crate::memory::cuda::driver_present() {
