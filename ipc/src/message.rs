@@ -124,6 +124,15 @@ pub enum Request {
     /// then sends [`Event`] frames (kind 3, id 0) until either side closes. The client sends
     /// nothing more on the connection.
     Subscribe,
+    /// Remove the context log of `trajectory` with all its records, releasing what it was
+    /// charged to its owner's context budget; a later [`Request::ContextAppend`] to it starts
+    /// a new log. Answered by [`Response::Done`], or [`ErrorCode::NotFound`] (also for another
+    /// uid's trajectory the caller may not see: answered exactly like an unknown one),
+    /// [`ErrorCode::BadRequest`] (bad id). Since protocol 7.
+    ContextRemove {
+        /// Trajectory id, as in [`Request::ContextAppend`].
+        trajectory: String,
+    },
 }
 
 /// Everything `belayerd` answers.
@@ -159,7 +168,8 @@ pub enum Response {
     },
     /// Daemon status.
     Status(StatusInfo),
-    /// The request succeeded and has nothing to return (e.g. a removal).
+    /// The request succeeded and has nothing to return (a removal: [`Request::RemoveImage`],
+    /// [`Request::RemoveSandbox`], [`Request::ContextRemove`]).
     Done,
     /// The request failed.
     Error(ErrorReply),

@@ -359,6 +359,7 @@ def _declare(lib: ctypes.CDLL) -> None:
             [client, c_char_p, c_int64, POINTER(c_uint64), POINTER(Buf)],
             c_int,
         ),
+        "belayer_context_remove": ([client, c_char_p], c_int),
         "belayer_subscribe": ([c_char_p, POINTER(c_uint64)], c_int),
         "belayer_next_event": ([c_uint64, c_int64, POINTER(Event)], c_int),
         "belayer_event_free": ([POINTER(Event)], None),

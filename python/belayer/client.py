@@ -457,6 +457,13 @@ class Client(_Handle):
         finally:
             self._lib.belayer_buf_free(byref(buf))
 
+    def context_remove(self, trajectory: Text) -> None:
+        """Removes the context log of ``trajectory`` with all its records, giving what it was
+        charged back to its owner's context budget; a later :meth:`context_append` starts a
+        new log. Raises :class:`~belayer.errors.NotFoundError` (also for another uid's
+        trajectory) and :class:`~belayer.errors.BadRequestError` (an invalid id)."""
+        _check(self._lib.belayer_context_remove(self._handle, _c(trajectory)))
+
     def subscribe(self) -> "Subscription":
         """A new event stream (on its own connection to the same socket)."""
         return Subscription(self.socket)

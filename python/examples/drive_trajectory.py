@@ -144,6 +144,9 @@ def main() -> int:
                 i += 1
             final = sb.exec(f"cat {MARKER}").text.split()
             summary["final_environment_matches"] = final == [str(j) for j in range(1, len(steps) + 1)]
+        # The trajectory is done: its context log is no longer needed and would count against
+        # this uid's context budget in the daemon.
+        client.context_remove(trajectory)
     summary["wall_s"] = round(time.monotonic() - started, 2)
     print(json.dumps(summary, indent=2))
     ok = all(summary.get(key, False) for key in (

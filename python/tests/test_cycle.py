@@ -99,6 +99,24 @@ def test_context_log_round_trips(client: belayer.Client) -> None:
         client.context_append("../escape", 1, b"x")
 
 
+def test_a_removed_context_log_is_gone_and_starts_over(client: belayer.Client) -> None:
+    traj = f"py-ctx-rm-{time.monotonic_ns()}"
+    first = client.context_append(traj, 1, b"first")
+    client.context_append(traj, 2, b"second")
+    client.context_remove(traj)
+    with pytest.raises(belayer.NotFoundError):
+        client.context_lookup(traj)
+    with pytest.raises(belayer.NotFoundError):
+        client.context_remove(traj)
+    with pytest.raises(belayer.BadRequestError):
+        client.context_remove("../escape")
+    # A new log: its first record where the old one's was, the old boundaries gone.
+    assert client.context_append(traj, 1, b"again") == first
+    with pytest.raises(belayer.NotFoundError):
+        client.context_lookup(traj, 2)
+    client.context_remove(traj)
+
+
 def test_calls_from_several_threads(client: belayer.Client) -> None:
     import threading
 

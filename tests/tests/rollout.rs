@@ -1,6 +1,6 @@
 //! `belayer rollout` end to end: short recorded trajectories, a high failure rate and a small
-//! time scale finish under every policy, every restore passes the validity check, and the
-//! report files exist and parse.
+//! time scale finish under every policy, every restore passes the validity check, the report
+//! files exist and parse, and no context log is left in the daemon.
 
 use std::process::Command;
 
@@ -103,7 +103,17 @@ fn rollout_under_every_policy_with_failures() {
         let text = std::fs::read_to_string(out.path().join(f)).unwrap();
         assert!(!text.is_empty(), "{f} is empty");
     }
-    // The daemon holds the context logs L_k, one per trajectory and run.
+    // The daemon held the context logs L_k, one per trajectory and run, and each was removed
+    // when its run was over.
+    let log = d.log_text();
+    for f in files {
+        let stem = f.trim_end_matches(".jsonl");
+        let removed = log
+            .lines()
+            .filter(|l| l.contains("context log removed") && l.contains(stem))
+            .count();
+        assert!(removed >= 6, "{stem}: {removed} context logs removed");
+    }
     let mut logs = Vec::new();
     let mut dirs = vec![d.state_dir.join("contexts")];
     while let Some(dir) = dirs.pop() {
@@ -115,11 +125,7 @@ fn rollout_under_every_policy_with_failures() {
             }
         }
     }
-    for f in files {
-        let stem = f.trim_end_matches(".jsonl");
-        let runs = logs.iter().filter(|l| l.contains(stem)).count();
-        assert!(runs >= 6, "{stem}: {runs} context logs in {logs:?}");
-    }
+    assert!(logs.is_empty(), "context logs left: {logs:?}");
 }
 
 /// With no daemon answering, `belayer rollout` starts a private `belayerd` child, runs through

@@ -24,7 +24,7 @@
 //! - [`config`], [`runtime`], [`stage`], [`sys`], [`userns`].
 //!
 //! Dependencies and why: `belayer-ipc` (protocol and server), `belayer-context` (the L_k logs
-//! behind `ContextAppend`/`ContextLookup`), `belayer-workers` (memory servers supervised from
+//! behind the `Context*` requests), `belayer-workers` (memory servers supervised from
 //! the config: the child-process handle and its config entry), `belayer-overlay` (upper-layer
 //! capture and install, image streams and unpacking), `belayer-criu` (CRIU dump/restore),
 //! `belayer-ebpf` (the sandbox tracer), `nix`/`rustix`/`libc` (namespaces, mounts, pidfds,

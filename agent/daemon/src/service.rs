@@ -48,7 +48,8 @@ pub struct Agent {
     events: EventBus,
     /// Checkpoint policy per sandbox (`Request::MaybeCheckpoint`).
     policies: Policies,
-    /// Context log per trajectory, owned by its creator (`Request::ContextAppend`/`ContextLookup`).
+    /// Context log per trajectory, owned by its creator (`Request::ContextAppend`,
+    /// `ContextLookup`, `ContextRemove`).
     contexts: ContextLogs,
     /// Creations in flight (counted against per-uid caps, holding their image).
     creating: create_api::Creating,
@@ -438,6 +439,12 @@ impl Agent {
             Request::ContextLookup { trajectory, prefix } => {
                 match self.contexts.lookup(caller, &trajectory, prefix) {
                     Ok(entry) => Response::Context(entry),
+                    Err(e) => Response::Error(e.reply()),
+                }
+            }
+            Request::ContextRemove { trajectory } => {
+                match self.contexts.remove(caller, &trajectory) {
+                    Ok(_released) => Response::Done,
                     Err(e) => Response::Error(e.reply()),
                 }
             }

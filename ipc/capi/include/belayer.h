@@ -461,6 +461,21 @@ int belayer_context_lookup(BelayerClient client,
                            uint64_t *out_prefix,
                            struct BelayerBuf *out);
 
+// Removes the context log of `trajectory` with all its records, giving what it was charged
+// back to its owner's context budget; a later [`belayer_context_append`] to it starts a new
+// log.
+//
+// Errors: `BELAYER_E_NOT_FOUND` when there is no such trajectory (also for another uid's,
+// which this process may not see), `BELAYER_E_BAD_REQUEST` for an invalid id,
+// `BELAYER_E_INTERNAL` when the daemon cannot remove the file, `BELAYER_E_CONNECT`,
+// `BELAYER_E_BAD_HANDLE`.
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `trajectory` is a NUL-terminated string.
+int belayer_context_remove(BelayerClient client,
+                           const char *trajectory);
+
 // Opens an event stream on a new connection to `belayerd` at `socket_path` (NULL: the
 // default socket); stores the subscription handle in `*out`. Events published from now on
 // (sandbox failed, checkpoint ready) are read with [`belayer_next_event`]. Free it with

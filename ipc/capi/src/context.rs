@@ -1,4 +1,4 @@
-//! The per-trajectory context logs L_k: append and look up.
+//! The per-trajectory context logs L_k: append, look up and remove.
 
 use crate::status::{guard, text, writable};
 use belayer_ipc::{Request, Response};
@@ -96,6 +96,38 @@ pub unsafe extern "C" fn belayer_context_lookup(
                 Ok(())
             }
             other => Err(unexpected("context lookup", &other)),
+        }
+    })
+}
+
+/// Removes the context log of `trajectory` with all its records, giving what it was charged
+/// back to its owner's context budget; a later [`belayer_context_append`] to it starts a new
+/// log.
+///
+/// Errors: `BELAYER_E_NOT_FOUND` when there is no such trajectory (also for another uid's,
+/// which this process may not see), `BELAYER_E_BAD_REQUEST` for an invalid id,
+/// `BELAYER_E_INTERNAL` when the daemon cannot remove the file, `BELAYER_E_CONNECT`,
+/// `BELAYER_E_BAD_HANDLE`.
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `trajectory` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_context_remove(
+    client: BelayerClient,
+    trajectory: *const c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let trajectory = unsafe { text(trajectory, "trajectory")? };
+        match call(
+            client,
+            Request::ContextRemove {
+                trajectory: trajectory.to_owned(),
+            },
+        )? {
+            Response::Done => Ok(()),
+            other => Err(unexpected("context remove", &other)),
         }
     })
 }

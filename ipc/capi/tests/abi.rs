@@ -70,6 +70,11 @@ fn null_pointers_are_invalid_arguments() {
             BELAYER_E_INVALID_ARGUMENT
         );
         assert!(last_error().contains("step"));
+        assert_eq!(
+            belayer_context_remove(1, ptr::null()),
+            BELAYER_E_INVALID_ARGUMENT
+        );
+        assert!(last_error().contains("trajectory"));
         // A NULL buffer with a non-zero length.
         assert_eq!(
             belayer_context_append(1, c"t".as_ptr(), 1, ptr::null(), 3, ptr::null_mut()),

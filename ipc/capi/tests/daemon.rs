@@ -276,6 +276,33 @@ fn maybe_checkpoint_follows_the_policy_and_context_round_trips() {
             belayer_context_append(client, hostile.as_ptr(), 1, ptr::null(), 0, ptr::null_mut()),
             BELAYER_E_BAD_REQUEST
         );
+        // Removed: unknown afterwards, and a new append starts a new log.
+        assert_eq!(
+            belayer_context_remove(client, traj.as_ptr()),
+            BELAYER_OK,
+            "{}",
+            last_error()
+        );
+        assert_eq!(
+            belayer_context_lookup(client, traj.as_ptr(), -1, &mut prefix, &mut buf),
+            BELAYER_E_NOT_FOUND
+        );
+        assert_eq!(
+            belayer_context_remove(client, traj.as_ptr()),
+            BELAYER_E_NOT_FOUND
+        );
+        assert!(last_error().contains("traj-1"), "{}", last_error());
+        assert_eq!(
+            belayer_context_remove(client, hostile.as_ptr()),
+            BELAYER_E_BAD_REQUEST
+        );
+        let mut again = u64::MAX;
+        assert_eq!(
+            belayer_context_append(client, traj.as_ptr(), 1, b"x".as_ptr(), 1, &mut again),
+            BELAYER_OK
+        );
+        assert!(again < record, "a new log's first record");
+        assert_eq!(belayer_context_remove(client, traj.as_ptr()), BELAYER_OK);
         assert_eq!(belayer_close(client), BELAYER_OK);
     }
 }

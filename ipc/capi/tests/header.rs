@@ -50,6 +50,7 @@ fn header_declares_the_abi_version_and_every_exported_function() {
         "belayer_restore",
         "belayer_context_append",
         "belayer_context_lookup",
+        "belayer_context_remove",
         "belayer_subscribe",
         "belayer_next_event",
         "belayer_mem_connect",

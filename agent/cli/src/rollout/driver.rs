@@ -17,14 +17,19 @@
 //! policy skips it as `clean`, counted in the report): its prefix re-points to C_k, so a recovery restores C_k and goes on after the last such clean step. An
 //! action with an infrastructure fault is withheld from the context and recovered like an
 //! injected failure; the report counts faults per kind.
+//!
+//! When the trajectory's run is over (done or aborted), its sandbox and its context log are
+//! removed (`RemoveSandbox`, `ContextRemove`): the report keeps nothing of either, and a
+//! long-running daemon would otherwise keep a log per trajectory and run against the uid's
+//! context budget.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use belayer_ipc::{
-    Client, DecisionReason, ExecRequest, MaybeCheckpointRequest, MaybeCheckpointResult, PolicyKind,
-    PolicySpec, Request, Response, SandboxSpec,
+    Client, DecisionReason, ErrorCode, ExecRequest, MaybeCheckpointRequest, MaybeCheckpointResult,
+    PolicyKind, PolicySpec, Request, Response, SandboxSpec,
 };
 
 use super::schedule::{sample_llm_s, FailureSchedule};
@@ -250,6 +255,27 @@ impl Run<'_> {
             (result, Instant::now())
         });
         Pending { handle, started }
+    }
+
+    /// Removes the trajectory's context log. A log never written (the run ended before its
+    /// first step) answers `NotFound`, which is fine; any other failure is logged and leaves
+    /// the log to the daemon (and the uid's budget).
+    fn remove_context_log(&mut self) {
+        let remove = Request::ContextRemove {
+            trajectory: self.trajectory.clone(),
+        };
+        let failure = match self.client.call(remove) {
+            Ok(Response::Done) => return,
+            Ok(Response::Error(e)) if e.code == ErrorCode::NotFound => return,
+            Ok(Response::Error(e)) => e.message,
+            Ok(r) => format!("unexpected answer {r:?}"),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(
+            trajectory = %self.trajectory,
+            error = %failure,
+            "cannot remove the trajectory's context log"
+        );
     }
 
     /// Recovers after a fail-stop during step `t`; returns the prefix to continue from.
@@ -523,5 +549,6 @@ pub fn run_trajectory(
         Ok(())
     })();
     let _ = run.client.call(Request::RemoveSandbox { id });
+    run.remove_context_log();
     result.map(|()| run.stats)
 }

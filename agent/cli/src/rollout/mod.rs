@@ -74,7 +74,7 @@ pub struct RolloutArgs {
     #[arg(long, default_value_t = 0.25)]
     pub initial_checkpoint_cost: f64,
     /// Output directory for report.md, report.json and the plots (the context logs L_k are
-    /// the daemon's, one per trajectory and run).
+    /// the daemon's, one per trajectory and run, removed when that run is over).
     #[arg(long, default_value = "rollout-report")]
     pub out: PathBuf,
     /// Skip the failure-free run of adaptive that measures its overhead.

@@ -1,7 +1,7 @@
 //! The daemon's services for rollout clients (`libbelayer`, the Python package): the
 //! per-sandbox checkpoint policy behind [`Request::MaybeCheckpoint`](belayer_ipc::Request)
-//! and the event bus behind `Subscribe` (the context logs behind `ContextAppend` /
-//! `ContextLookup` are [`super::contexts`]).
+//! and the event bus behind `Subscribe` (the context logs behind `ContextAppend`,
+//! `ContextLookup` and `ContextRemove` are [`super::contexts`]).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender};

@@ -125,6 +125,43 @@ impl ContextsDir {
         }
     }
 
+    /// Removes the log file of `key`: `Ok(false)` when there is none (nor its owner's
+    /// directory). The owner's directory is opened beneath the directory like a log is (a
+    /// symlink in its place is refused, `ENOTDIR`), and the entry is unlinked relative to it
+    /// (`unlinkat`, which never follows the last component): whatever non-directory lies
+    /// there goes (a symlink planted in place of the log is removed itself, its target is
+    /// untouched); a directory there is refused.
+    ///
+    /// Errors: [`ContextError::RemoveLog`] (`openat2` of the owner's directory, `unlinkat`),
+    /// [`ContextError::NotALogFile`] (a directory in place of the log).
+    pub(super) fn remove_log(&self, key: &Key) -> Result<bool, ContextError> {
+        let rel = names::rel_path(key);
+        let remove_err = |e: rustix::io::Errno| ContextError::RemoveLog {
+            path: self.path.join(&rel),
+            source: e.into(),
+        };
+        let sub = match key.owner {
+            0 => None,
+            uid => {
+                let sub = names::owner_dir(uid);
+                match rustix::fs::openat2(&self.fd, &sub, DIR_FLAGS, Mode::empty(), RESOLVE) {
+                    Ok(fd) => Some(fd),
+                    Err(rustix::io::Errno::NOENT) => return Ok(false),
+                    Err(e) => return Err(remove_err(e)),
+                }
+            }
+        };
+        let dir = sub.as_ref().unwrap_or(&self.fd);
+        match rustix::fs::unlinkat(dir, names::file_name(key), AtFlags::empty()) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(rustix::io::Errno::ISDIR) => Err(ContextError::NotALogFile {
+                path: self.path.join(&rel),
+            }),
+            Err(e) => Err(remove_err(e)),
+        }
+    }
+
     /// Every log in the directory: root's at the top, other uids' in `u<uid>/`. Entries that
     /// are not logs (another name, a symlink, a FIFO, a directory of another name) are skipped
     /// and nothing is followed.
@@ -349,6 +386,25 @@ mod tests {
         }
         assert!(matches!(
             dir.open_log(&key(0, "f")),
+            Err(ContextError::NotALogFile { .. })
+        ));
+
+        // A removal unlinks beneath the dir: never through the linked owner dir, and a
+        // linked log goes itself, its target stays.
+        let removed = dir.remove_log(&key(5002, "t"));
+        assert!(
+            matches!(&removed, Err(ContextError::RemoveLog { source, .. })
+                if matches!(source.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))),
+            "{removed:?}"
+        );
+        assert!(dir.remove_log(&key(0, "ln")).unwrap());
+        assert!(!dir.remove_log(&key(0, "ln")).unwrap(), "gone");
+        assert_eq!(std::fs::read(outside.join("t.ctxlog")).unwrap(), b"outside");
+        assert!(dir.remove_log(&mine).unwrap());
+        assert!(!path.join("u5001/t.ctxlog").exists());
+        assert!(!dir.remove_log(&key(5003, "t")).unwrap(), "no owner dir");
+        assert!(matches!(
+            dir.remove_log(&key(0, "d")),
             Err(ContextError::NotALogFile { .. })
         ));
 

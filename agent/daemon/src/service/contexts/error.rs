@@ -82,6 +82,22 @@ pub enum ContextError {
         /// Its path.
         path: PathBuf,
     },
+    /// Removing a log file failed: `openat2` of its owner's directory (`ENOTDIR` for a
+    /// symlink in its place) or `unlinkat`.
+    #[error("cannot remove context log {path}")]
+    RemoveLog {
+        /// The log's path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No such trajectory (or none the caller may see) to remove.
+    #[error("no context log for trajectory {trajectory}")]
+    UnknownTrajectory {
+        /// Trajectory id as asked for.
+        trajectory: String,
+    },
     /// No such record (or no such trajectory the caller may see).
     #[error("no context for trajectory {trajectory} at {}", .prefix.map_or("the latest boundary".to_owned(), |k| format!("prefix {k}")))]
     NotFound {
@@ -108,22 +124,26 @@ impl ContextError {
 }
 
 impl ContextError {
-    /// Protocol error code: `BadRequest` for a bad id or an oversized context, `NotFound`,
-    /// `PermissionDenied` for another uid's namespace, `InvalidState` for an exhausted budget
-    /// (the uid's store, not the request, is what refuses: the same append fits once space is
-    /// freed or the budget raised), `Internal` for I/O.
+    /// Protocol error code: `BadRequest` for a bad id or an oversized context, `NotFound` (no
+    /// such record or trajectory), `PermissionDenied` for another uid's namespace,
+    /// `InvalidState` for an exhausted budget (the uid's store, not the request, is what
+    /// refuses: the same append fits once space is freed or the budget raised), `Internal`
+    /// for I/O.
     pub fn code(&self) -> ErrorCode {
         match self {
             ContextError::InvalidTrajectory(_) | ContextError::ContextTooLarge { .. } => {
                 ErrorCode::BadRequest
             }
             ContextError::Log(ContextLogError::RecordTooLarge { .. }) => ErrorCode::BadRequest,
-            ContextError::NotFound { .. } => ErrorCode::NotFound,
+            ContextError::NotFound { .. } | ContextError::UnknownTrajectory { .. } => {
+                ErrorCode::NotFound
+            }
             ContextError::ForeignNamespace { .. } => ErrorCode::PermissionDenied,
             ContextError::BudgetExhausted { .. } => ErrorCode::InvalidState,
             ContextError::Log(_)
             | ContextError::CreateDir { .. }
             | ContextError::OpenDir { .. }
+            | ContextError::RemoveLog { .. }
             | ContextError::NotALogFile { .. } => ErrorCode::Internal,
         }
     }

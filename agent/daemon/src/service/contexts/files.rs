@@ -57,6 +57,11 @@ impl<K: Hash + Eq + Clone> OpenLogs<K> {
         self.files.insert(key, (file, self.tick));
     }
 
+    /// Drops the file of `key` from the set (it closes when its last user is done with it).
+    pub(super) fn remove(&mut self, key: &K) {
+        self.files.remove(key);
+    }
+
     /// Number of files held.
     pub(super) fn len(&self) -> usize {
         self.files.len()
@@ -99,5 +104,17 @@ mod tests {
         drop(in_use);
         assert_eq!(Arc::strong_count(&a), 1, "the set holds it no more");
         assert_eq!(OpenLogs::<u8>::new(0).max, 1);
+    }
+
+    #[test]
+    fn a_removed_file_is_no_longer_held() {
+        let mut open = OpenLogs::new(2);
+        let a = file();
+        open.insert("a", Arc::clone(&a));
+        open.insert("b", file());
+        open.remove(&"a");
+        open.remove(&"never");
+        assert!(open.get(&"a").is_none());
+        assert_eq!((open.len(), Arc::strong_count(&a)), (1, 1));
     }
 }

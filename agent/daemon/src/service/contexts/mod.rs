@@ -1,5 +1,5 @@
-//! The daemon's per-trajectory LLM-context logs (paper: L_k) behind `ContextAppend` and
-//! `ContextLookup`, one [`crate::context`] log file per trajectory under
+//! The daemon's per-trajectory LLM-context logs (paper: L_k) behind `ContextAppend`,
+//! `ContextLookup` and `ContextRemove`, one [`crate::context`] log file per trajectory under
 //! `<state dir>/contexts`, safe to offer to hostile socket clients:
 //!
 //! - **Ownership**: a trajectory belongs to the uid of the peer that created it, and every uid
@@ -8,8 +8,8 @@
 //!   caller's namespace, or of uid's as `<name>@<uid>`, which [`may_act_on`] admits for root
 //!   and uid only. So another peer's trajectory answers exactly like an unknown one: a lookup
 //!   finds nothing (`NotFound`, the same message), a plain append makes the caller's own
-//!   trajectory of that name, and an append to `<name>@<other uid>` is refused whether or not
-//!   it exists.
+//!   trajectory of that name, an append to `<name>@<other uid>` is refused whether or not it
+//!   exists, and a removal ([`ContextLogs::remove`], module `remove`) finds nothing.
 //! - **Descriptors**: at most [`MAX_OPEN_LOGS`] log files are open (least recently used out,
 //!   reopened on demand), plus one per request in flight and the directory's.
 //! - **Memory**: a [`LogIndex`] per trajectory (offsets and digests, about 100 bytes a record),
@@ -21,15 +21,18 @@
 //!   append past it is refused ([`ContextError::BudgetExhausted`]), as is a context above the
 //!   size limit. The listing at start charges a log its file size; a uid's first append after
 //!   a start scans its other logs first, so the budget is checked against their exact charge.
+//!   A removal releases all that its log was charged.
 //! - **Hostile files**: everything under the directory is opened beneath it, never through a
-//!   symlink, and must be a regular file (module `dir`); a damaged log is cut at its first
-//!   bad frame, a log that does not decode is an `Internal` error for its own trajectory only.
+//!   symlink, and must be a regular file (module `dir`); a removal unlinks the entry beneath
+//!   the directory and never follows it; a damaged log is cut at its first bad frame, a log
+//!   that does not decode is an `Internal` error for its own trajectory only.
 
 mod dir;
 mod error;
 mod files;
 mod limits;
 mod names;
+mod remove;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -60,7 +63,8 @@ enum Status {
     New,
     /// Its log file exists.
     OnDisk,
-    /// Taken out of the table (an append that created nothing): look it up again.
+    /// Taken out of the table (an append that created nothing, or a removal): look it up
+    /// again.
     Dead,
 }
 
@@ -87,9 +91,9 @@ struct Table {
 /// The context logs of every trajectory, with their owners, open files and budgets.
 ///
 /// Locks, in the order they are taken: `settling` (only while a uid's logs are settled),
-/// one lock per trajectory (held for the whole of an append or lookup, so one trajectory's
-/// I/O never waits for another's; never two at once), then briefly the table, the directory
-/// or the open files.
+/// one lock per trajectory (held for the whole of an append, lookup or removal, so one
+/// trajectory's I/O never waits for another's; never two at once), then briefly the table,
+/// the directory or the open files.
 #[derive(Debug)]
 pub struct ContextLogs {
     dir: PathBuf,
@@ -405,7 +409,7 @@ impl ContextLogs {
         t.charged = bytes;
     }
 
-    /// Takes a trajectory that never got a file out of the table.
+    /// Takes a trajectory that never got a file, or whose file was removed, out of the table.
     fn bury(&self, slot: &Arc<Mutex<Trajectory>>, t: &mut Trajectory) {
         t.status = Status::Dead;
         let mut table = lock(&self.table);

@@ -49,10 +49,15 @@ pub(super) fn parse(id: &str) -> Option<WireId<'_>> {
     valid_name(name).then_some(WireId { name, owner })
 }
 
+/// The name of `key`'s log file in its owner's directory: `<name>.ctxlog`.
+pub(super) fn file_name(key: &Key) -> String {
+    format!("{}{SUFFIX}", key.name)
+}
+
 /// The log file of `key` relative to the contexts dir: `<name>.ctxlog` for root,
 /// `u<uid>/<name>.ctxlog` for another uid.
 pub(super) fn rel_path(key: &Key) -> PathBuf {
-    let file = format!("{}{SUFFIX}", key.name);
+    let file = file_name(key);
     match key.owner {
         0 => PathBuf::from(file),
         uid => Path::new(&owner_dir(uid)).join(file),

@@ -1,4 +1,7 @@
-//! Tests of [`ContextLogs`]: owners, bounded files, budgets, restarts and hostile files.
+//! Tests of [`ContextLogs`]: owners, bounded files, budgets, restarts and hostile files
+//! (removals: module `remove`).
+
+mod remove;
 
 use std::fs::OpenOptions;
 
