@@ -168,6 +168,37 @@ static __always_inline int fd_is_named_regular(long fd)
 	return fd_is_sandbox_file(fd, 0);
 }
 
+#define S_IFIFO 0010000
+#define S_IFSOCK 0140000
+#define PIPEFS_MAGIC 0x50495045
+
+/* Whether descriptor fd of the current task is a socket or a named FIFO: data written there
+ * may wait in the queue of a process that existed before the action and does not run while
+ * it runs (asleep on something else), a change no file and no CPU use shows. Anonymous pipes
+ * (the action's own pipelines) do not count. A ptraced task is skipped: CRIU's parasite talks
+ * to CRIU over a socket from inside the tasks it dumps (a traced task's peer, if it is a
+ * process of the sandbox, still shows by running). */
+static __always_inline int fd_is_channel(long fd)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct file *f;
+	struct inode *inode;
+	umode_t mode;
+
+	if (task->ptrace)
+		return 0;
+	f = fd_file(task, fd);
+	if (!f)
+		return 0;
+	inode = BPF_CORE_READ(f, f_inode);
+	if (!inode)
+		return 0;
+	mode = BPF_CORE_READ(inode, i_mode) & S_IFMT;
+	if (mode == S_IFSOCK)
+		return 1;
+	return mode == S_IFIFO && BPF_CORE_READ(inode, i_sb, s_magic) != PIPEFS_MAGIC;
+}
+
 #define O_CREAT 00000100
 #define O_TRUNC 00001000
 
@@ -301,10 +332,17 @@ static __always_inline void forget_async_user(__u32 tgid)
  *                                               x86_64 table's
  *   a core dump (core_pattern writes into the   at sched_process_exit: exit code has 0x80
  *   sandbox's cwd, no syscall of the task)
- *   memfd_create + write, O_TMPFILE, SysV/anon  not counted: link count 0, not in the upper
- *   shared memory, pipes, sockets, devices,     layer; linking one in (linkat AT_EMPTY_PATH)
+ *   write writev sendfile splice sendto         enter, fd a socket or a named FIFO, task not
+ *   sendmsg sendmmsg to a socket or named FIFO  ptraced (CRIU's parasite): the data may wait in
+ *                                               the queue of a process that does not run
+ *   connect                                     ok, task not ptraced (a queued connection)
+ *   process_vm_writev, ptrace but TRACEME and   enter: another process's state
+ *   the peeks
+ *   SysV shm/sem/msg and POSIX mq syscalls      enter, always: the IPC namespace's objects
+ *   memfd_create + write, O_TMPFILE, anonymous  not counted: link count 0, not in the upper
+ *   shared memory, anonymous pipes, devices,    layer; linking one in (linkat AT_EMPTY_PATH)
  *   /proc and other pseudo files                is linkat: ok
- *   tee vmsplice process_vm_writev              memory and pipes only (a shared file mapping
+ *   tee vmsplice                                memory and pipes only (a shared file mapping
  *                                               written through them is held)
  *
  * Known limits: the fd checks at enter race with another thread of the task replacing the
@@ -393,9 +431,13 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 		return 0;
 	}
 	switch (id) {
-	case 1:	  /* write */
+	case 1:	 /* write */
+	case 20: /* writev */
+		flags = BPF_CORE_READ(regs, di);
+		if (fd_is_named_regular(flags) || fd_is_channel(flags))
+			count_write(c);
+		break;
 	case 18:  /* pwrite64 */
-	case 20:  /* writev */
 	case 296: /* pwritev */
 	case 328: /* pwritev2 */
 	case 77:  /* ftruncate */
@@ -405,13 +447,52 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 190: /* fsetxattr */
 	case 199: /* fremovexattr */
 	case 40:  /* sendfile */
-		if (fd_is_named_regular(BPF_CORE_READ(regs, di)))
+		flags = BPF_CORE_READ(regs, di);
+		if (fd_is_named_regular(flags) || fd_is_channel(flags))
 			count_write(c);
 		break;
 	case 326: /* copy_file_range */
 	case 275: /* splice */
-		if (fd_is_named_regular(BPF_CORE_READ(regs, dx)))
+		flags = BPF_CORE_READ(regs, dx);
+		if (fd_is_named_regular(flags) || fd_is_channel(flags))
 			count_write(c);
+		break;
+	case 44:  /* sendto */
+	case 46:  /* sendmsg */
+	case 307: /* sendmmsg */
+		if (fd_is_channel(BPF_CORE_READ(regs, di)))
+			count_write(c);
+		break;
+	case 42: /* connect: queues a connection with a listener that need not run */
+		if (!bpf_get_current_task_btf()->ptrace)
+			remember(c, PENDING_IF_OK);
+		break;
+	case 101: /* ptrace: pokes, register and signal changes, stops and resumes */
+		flags = BPF_CORE_READ(regs, di);
+		/* PTRACE_TRACEME (0) and the peeks (1-3) change no other process. */
+		if (flags > 3)
+			count_write(c);
+		break;
+	case 311: /* process_vm_writev: another process's memory, that process not running */
+	case 29:  /* shmget */
+	case 30:  /* shmat */
+	case 31:  /* shmctl */
+	case 64:  /* semget */
+	case 65:  /* semop */
+	case 66:  /* semctl */
+	case 220: /* semtimedop */
+	case 68:  /* msgget */
+	case 69:  /* msgsnd */
+	case 70:  /* msgrcv */
+	case 71:  /* msgctl */
+	case 240: /* mq_open */
+	case 241: /* mq_unlink */
+	case 242: /* mq_timedsend */
+	case 243: /* mq_timedreceive */
+	case 244: /* mq_notify */
+	case 245: /* mq_getsetattr */
+		/* SysV and POSIX IPC objects live in the sandbox's IPC namespace, which CRIU dumps. */
+		count_write(c);
 		break;
 	case 9: /* mmap(addr, len, prot, flags, fd, off) */
 		flags = BPF_CORE_READ(regs, r10);

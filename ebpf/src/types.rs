@@ -180,12 +180,14 @@ pub struct TraceEvent {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    /// File modifications: writes to named regular files (not pipes, sockets, devices, memfds,
-    /// pseudo files), creates, unlinks, renames, mkdir/rmdir, mknod, links, attribute changes
+    /// Changes: writes to named regular files (not anonymous pipes, devices, memfds, pseudo
+    /// files), creates, unlinks, renames, mkdir/rmdir, mknod, links, attribute changes
     /// (chmod, chown, utimes, truncate), xattr changes, Unix sockets bound to a path,
     /// modifying ioctls, shared writable file mappings made by `mmap` or `mprotect`, every
-    /// io_uring and Linux AIO syscall, every 32-bit or x32 syscall, core dumps (the table in
-    /// `bpf/tracer.bpf.c` lists each path and its rule).
+    /// io_uring and Linux AIO syscall, every 32-bit or x32 syscall, core dumps; and data
+    /// sent to sockets or named FIFOs, connections made, `process_vm_writev` and `ptrace`,
+    /// SysV and POSIX IPC syscalls (state another process or the IPC namespace holds). The
+    /// table in `bpf/tracer.bpf.c` lists each path and its rule.
     pub fs_writes: u64,
     /// Processes created (threads not counted).
     pub forks: u64,

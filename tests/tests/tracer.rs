@@ -231,6 +231,8 @@ fn dirtiness(bpf: bool) {
     // (a pending fatal signal is enough) changes the sandbox again.
     // (Only that process is killed: the sandbox init's own `sleep` must stay.)
     assert!(dirty("sleep 300 > /dev/null 2>&1 &"));
+    // Until it sleeps, the background process runs: a step meanwhile would be dirty.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(!dirty("ls /work"));
     let bg = String::from_utf8(d.exec(&id, "pidof sleep").stdout).unwrap();
     let bg = bg

@@ -222,6 +222,8 @@ fn checkpoint_restore(bpf: bool, restore: bool) {
     d.image("bb", &busybox_rootfs());
     let id = d.create("bb").id;
     assert!(dirty(&d, &id, "echo a > /a; sleep 300 > /dev/null 2>&1 &"));
+    // Until it sleeps, the background process runs: a step meanwhile would be dirty.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(!dirty(&d, &id, "cat /a"));
     d.checkpoint(&id, 2, b"k2");
     assert!(!dirty(&d, &id, "cat /a"), "after a checkpoint");
@@ -250,4 +252,58 @@ fn restores_leave_steps_clean_bpf() {
 #[test]
 fn restores_leave_steps_clean_fallback() {
     checkpoint_restore(false, true);
+}
+
+/// Changes held by another process that need not run while the action runs: a line into a
+/// FIFO whose holder sleeps on something else, a connection queued with a listener that
+/// sleeps, a SysV message (BPF only: the fallback has no syscall counter); and a process whose
+/// main thread exited while a thread of it lives on (both kinds).
+fn held_elsewhere(bpf: bool) {
+    let d = daemon(bpf);
+    d.image("py", &python_rootfs());
+    let id = d.create("py").id;
+    let holder = "mkfifo /q; (exec 3<>/q; exec sleep 100000) </dev/null >/dev/null 2>&1 &";
+    assert!(dirty(&d, &id, holder));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!dirty(&d, &id, "true"), "the holder sleeps");
+    let listener = "python3 -B -c 'import socket, time\ns = socket.socket()\n\
+                    s.bind((\"127.0.0.1\", 7000))\ns.listen()\ntime.sleep(100000)' \
+                    </dev/null >/dev/null 2>&1 &";
+    assert!(dirty(&d, &id, listener));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(!dirty(&d, &id, "true"), "the listener sleeps");
+    if bpf {
+        assert!(dirty(&d, &id, "echo put > /q"), "a line into the held FIFO");
+        let connect = "python3 -B -c 'import socket\n\
+                       socket.create_connection((\"127.0.0.1\", 7000)).sendall(b\"x\")'";
+        assert!(
+            dirty(&d, &id, connect),
+            "a connection to the sleeping listener"
+        );
+        let msg = "python3 -B -c 'import ctypes\nlibc = ctypes.CDLL(None)\n\
+                   print(libc.msgget(0, 0o1600))'";
+        assert!(dirty(&d, &id, msg), "a SysV message queue");
+    }
+    // The main thread exits (the process shows as a zombie), a thread serves on.
+    let half = "python3 -B -c 'import threading, time, ctypes\n\
+                threading.Thread(target=time.sleep, args=(100000,)).start()\n\
+                ctypes.CDLL(None).syscall(60, 0)' </dev/null >/dev/null 2>&1 & \
+                echo $! > /half.pid";
+    assert!(dirty(&d, &id, half), "a process whose main thread exited");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!dirty(&d, &id, "true"));
+    assert!(
+        dirty(&d, &id, "kill -9 $(cat /half.pid)"),
+        "its end, once its last thread is killed"
+    );
+}
+
+#[test]
+fn state_held_by_other_processes_is_dirty_bpf() {
+    held_elsewhere(true);
+}
+
+#[test]
+fn state_held_by_other_processes_is_dirty_fallback() {
+    held_elsewhere(false);
 }

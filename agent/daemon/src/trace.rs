@@ -242,6 +242,18 @@ impl SandboxTracer {
         }
     }
 
+    /// What [`SandboxTracer::track_restored`] needs from before CRIU starts: without file
+    /// counters, the fingerprint of the upper layer CRIU restores the tree over.
+    pub fn restore_baseline(&self, upper: &Path) -> RestoreBaseline {
+        RestoreBaseline {
+            upper: if self.tracer.counts_files() {
+                None
+            } else {
+                upper_fingerprint(upper)
+            },
+        }
+    }
+
     /// Tracks a restored instance at CRIU's pre-resume stage, while CRIU holds every task of
     /// the tree it rebuilt, and marks that moment as the sandbox's last action boundary: the
     /// first action after the restore is compared with the ready checkpoint's state as
@@ -253,7 +265,7 @@ impl SandboxTracer {
         id: &str,
         cgroup: &SandboxCgroup,
         init_pid: i32,
-        upper: &Path,
+        baseline: &RestoreBaseline,
     ) -> bool {
         let Some(c) = self.track_parts(id, cgroup, init_pid) else {
             return false;
@@ -267,11 +279,7 @@ impl SandboxTracer {
             cgroup_id: c,
             fs_writes: counters.filter(|_| counts_files).map(|a| a.fs_writes),
             pids,
-            upper: if counts_files {
-                None
-            } else {
-                upper_fingerprint(upper)
-            },
+            upper: baseline.upper,
             held,
         };
         lock(&self.shared.marks).insert(id.to_string(), mark);
@@ -289,6 +297,14 @@ impl SandboxTracer {
                 })
         })
     }
+}
+
+/// The part of a restored sandbox's baseline read before CRIU starts
+/// ([`SandboxTracer::restore_baseline`]).
+#[derive(Debug, Clone, Default)]
+pub struct RestoreBaseline {
+    /// Upper-layer fingerprint (fallback only).
+    upper: Option<[u8; 32]>,
 }
 
 /// What an action did, as far as the tracer can tell.
@@ -442,13 +458,18 @@ fn live_pids(cgroup: &SandboxCgroup, init: Option<i32>) -> Vec<i32> {
                 .and_then(|v| u64::from_str_radix(v, 16).ok())
                 .unwrap_or(0)
         };
-        if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
+        // A zombie leader whose other threads live on (its main thread called
+        // pthread_exit) is a live process.
+        let threads = field("Threads:").and_then(|v| v.parse::<u32>().ok());
+        if field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+            && threads.is_none_or(|n| n <= 1)
+        {
             return false;
         }
         // The agent's own tasks (CRIU while it restores the tree joins the cgroup from the
         // agent's pid namespace) are not the sandbox's.
-        let depth = field("NSpid:").map_or(0, |v| v.split_whitespace().count() as u32);
-        if depth <= own_pid_level() + 1 {
+        let depth = field("NSpid:").map(|v| v.split_whitespace().count() as u32);
+        if depth.is_some_and(|d| d <= own_pid_level() + 1) {
             return false;
         }
         let sid = field("NSsid:")

@@ -53,20 +53,24 @@ pub fn restore(
     // Unknown while the old instance is torn down and the new one built; the ready state
     // once it is restored.
     slot.changes.forget();
-    let restored = restore_locked(rt, slot, verify, started);
-    if restored.is_ok() {
+    let (info, baseline) = restore_locked(rt, slot, verify, started)?;
+    // Clean only when the tracer's baseline is the restored state itself; otherwise unknown
+    // until the next checkpoint.
+    if baseline {
         slot.changes.mark_clean();
     }
-    restored
+    Ok(info)
 }
 
-/// [`restore`] under the sandbox's op lock.
+/// [`restore`] under the sandbox's op lock; also whether the tracer's baseline for the next
+/// action is the restored state (taken at CRIU's pre-resume stage, or a fresh init from the
+/// image, where nothing ran yet).
 fn restore_locked(
     rt: &Runtime,
     slot: &SandboxSlot,
     verify: bool,
     started: Instant,
-) -> Result<RestoreInfo, RestoreError> {
+) -> Result<(RestoreInfo, bool), RestoreError> {
     let rec = slot.refresh();
     let id = rec.id.clone();
     let mut t = RestoreTimings::default();
@@ -282,6 +286,9 @@ fn restore_locked(
             // and (with `verify`) the tree listed exactly as CRIU rebuilt it before any task
             // runs, without a signal to any of them (see `belayer_criu::RestoreStage`).
             let ns_last_pid = m.ns_last_pid;
+            // Read before CRIU starts (without BPF: a walk of the upper layer, which must not
+            // hold the tree at pre-resume); nothing of the sandbox runs until then.
+            let baseline = rt.tracer.restore_baseline(&upper);
             let mut restored_list = None;
             let mut netns_lock = None;
             let mut traced = false;
@@ -309,7 +316,7 @@ fn restore_locked(
                         // the restored tree does once it runs (`SandboxTracer::track_restored`).
                         traced = rt
                             .tracer
-                            .track_restored(&id, instance.cgroup(), pid, &upper);
+                            .track_restored(&id, instance.cgroup(), pid, &baseline);
                     }
                 }
                 Ok(())
@@ -436,7 +443,7 @@ fn restore_locked(
     {
         tracing::warn!(sandbox = %id, ?v, "restored sandbox differs from its checkpoint");
     }
-    Ok(RestoreInfo {
+    let info = RestoreInfo {
         sandbox: id,
         prefix,
         context,
@@ -444,7 +451,8 @@ fn restore_locked(
         timings_ms: t,
         validity,
         inodes_kept: from_snapshot,
-    })
+    };
+    Ok((info, traced || manifest.is_none()))
 }
 
 /// A fresh network namespace for a restore, locked ([`super::net_lock`]) until CRIU is done;
