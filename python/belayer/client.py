@@ -123,15 +123,17 @@ class CheckpointInfo:
 class RestoreInfo:
     """Result of a restore: prefix k (``None``: restarted from the base image) and the LLM
     context L_k recorded with the checkpoint. ``inodes_kept``: the upper layer came back from
-    the checkpoint's snapshot, so files the sandbox wrote kept their inode numbers and times."""
+    the checkpoint's snapshot, so files the sandbox wrote kept their inode numbers and times.
+    ``fs_matches`` and ``processes_match`` are the verification's results, ``None`` when the
+    restore was not verified (``verified`` false)."""
 
     prefix: Optional[int]
     context: bytes
     init_pid: int
     total_ms: float
     verified: bool
-    fs_matches: bool
-    processes_match: bool
+    fs_matches: Optional[bool]
+    processes_match: Optional[bool]
     inodes_kept: bool = False
 
 
@@ -419,8 +421,8 @@ class Client(_Handle):
                 init_pid=info.init_pid,
                 total_ms=info.total_ms,
                 verified=bool(info.verified),
-                fs_matches=bool(info.fs_matches),
-                processes_match=bool(info.processes_match),
+                fs_matches=bool(info.fs_matches) if info.verified else None,
+                processes_match=bool(info.processes_match) if info.verified else None,
                 inodes_kept=bool(info.inodes_kept),
             )
         finally:

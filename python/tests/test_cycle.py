@@ -44,6 +44,10 @@ def test_full_cycle_with_events(client: belayer.Client) -> None:
         assert restored.verified and restored.fs_matches and restored.processes_match
         assert sb.exec("cat /root/state").stdout == b"one\n"
         assert sb.info().instance == 1
+        # Not verified: no verdict, rather than a failed one.
+        unverified = sb.restore(verify=False)
+        assert unverified.prefix == 1 and not unverified.verified
+        assert unverified.fs_matches is None and unverified.processes_match is None
 
 
 def test_maybe_checkpoint_follows_the_policy(client: belayer.Client) -> None:
