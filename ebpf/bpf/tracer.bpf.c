@@ -135,13 +135,15 @@ static __always_inline int on_host_mount(struct file *f)
 
 /* The open file behind descriptor fd of task (the current one, a trusted BTF pointer: the
  * walk to the descriptor array is plain loads), or NULL. */
-static __always_inline struct file *fd_file(struct task_struct *task, long fd)
+static __always_inline struct file *fd_file(struct task_struct *task, long arg)
 {
 	struct fdtable *fdt = task->files->fdt;
 	struct file **fda;
 	struct file *f = 0;
+	/* The kernel reads descriptor arguments as unsigned int: high bits are ignored. */
+	__u32 fd = (__u32)arg;
 
-	if (fd < 0 || fd >= fdt->max_fds)
+	if (fd >= fdt->max_fds)
 		return 0;
 	fda = fdt->fd;
 	if (bpf_probe_read_kernel(&f, sizeof(f), &fda[fd]))
@@ -171,13 +173,86 @@ static __always_inline int fd_is_named_regular(long fd)
 #define S_IFIFO 0010000
 #define S_IFSOCK 0140000
 #define PIPEFS_MAGIC 0x50495045
+#define AF_UNIX_FAMILY 1
+#define AF_INET 2
+#define AF_NETLINK 16
+#define AF_INET6 10
+#define AF_ALG 38
 
-/* Whether descriptor fd of the current task is a socket or a named FIFO: data written there
- * may wait in the queue of a process that existed before the action and does not run while
- * it runs (asleep on something else), a change no file and no CPU use shows. Anonymous pipes
- * (the action's own pipelines) do not count. A ptraced task is skipped: CRIU's parasite talks
- * to CRIU over a socket from inside the tasks it dumps (a traced task's peer, if it is a
- * process of the sandbox, still shows by running). */
+/* Whether the current task is traced by a task outside the sandboxes' pid namespaces: CRIU,
+ * whose parasite talks to it over a socket from inside the tasks it dumps. (Unset level: any
+ * tracer.) A tracer inside the sandbox (strace) does not hide the tracee's sends. */
+static __always_inline int traced_by_agent(struct task_struct *task)
+{
+	if (!task->ptrace)
+		return 0;
+	return !sandbox_pid_level ||
+	       BPF_CORE_READ(task, parent, thread_pid, level) < sandbox_pid_level;
+}
+
+/* Whether a socket's data may reach a process of the sandbox that need not run while the
+ * action runs. Not: netlink and AF_ALG (the kernel is the peer: route and address queries of
+ * getaddrinfo); an AF_UNIX socket whose peer has no address (a socketpair: both ends are the
+ * action's own, since handing one to an older process takes a send over a named socket or
+ * pidfd_getfd, both counted); a connected IPv4/IPv6 socket whose peer is not on loopback (a
+ * host outside the sandbox). Unconnected sockets (sendto with an address) count. */
+static __always_inline int socket_reaches_sandbox(struct file *f)
+{
+	struct socket *sock = BPF_CORE_READ(f, private_data);
+	struct sock *sk;
+	__u16 family;
+
+	if (!sock)
+		return 1;
+	sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		return 1;
+	family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == AF_NETLINK || family == AF_ALG)
+		return 0;
+	if (family == AF_UNIX_FAMILY) {
+		struct unix_sock *peer = (struct unix_sock *)BPF_CORE_READ((struct unix_sock *)sk, peer);
+
+		return !peer || BPF_CORE_READ(peer, addr) != 0;
+	}
+	if (family == AF_INET) {
+		__u32 daddr = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+
+		/* 0: not connected; 127.0.0.0/8 in network order: first byte 127. */
+		return daddr == 0 || (daddr & 0xff) == 127;
+	}
+	if (family == AF_INET6) {
+		__u32 a[4];
+
+		BPF_CORE_READ_INTO(&a, sk, __sk_common.skc_v6_daddr.in6_u.u6_addr32);
+		if (!(a[0] | a[1] | a[2] | a[3]))
+			return 1; /* not connected */
+		if (!a[0] && !a[1] && !a[2] && a[3] == __builtin_bswap32(1))
+			return 1; /* ::1 */
+		/* ::ffff:127.x.y.z */
+		return !a[0] && !a[1] && a[2] == __builtin_bswap32(0xffff) && (a[3] & 0xff) == 127;
+	}
+	return 1;
+}
+
+/* Whether descriptor fd of the current task is a named FIFO (not an anonymous pipe: the
+ * action's own pipelines). */
+static __always_inline int fd_is_named_fifo(long fd)
+{
+	struct file *f = fd_file(bpf_get_current_task_btf(), fd);
+	struct inode *inode;
+
+	if (!f)
+		return 0;
+	inode = BPF_CORE_READ(f, f_inode);
+	return inode && (BPF_CORE_READ(inode, i_mode) & S_IFMT) == S_IFIFO &&
+	       BPF_CORE_READ(inode, i_sb, s_magic) != PIPEFS_MAGIC;
+}
+
+/* Whether data written to descriptor fd of the current task may wait in the queue of a
+ * process that existed before the action and does not run while it runs (asleep on something
+ * else), a change no file and no CPU use shows: a named FIFO, or a socket that may reach such
+ * a process (socket_reaches_sandbox). A task traced by CRIU is skipped. */
 static __always_inline int fd_is_channel(long fd)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
@@ -185,7 +260,7 @@ static __always_inline int fd_is_channel(long fd)
 	struct inode *inode;
 	umode_t mode;
 
-	if (task->ptrace)
+	if (traced_by_agent(task))
 		return 0;
 	f = fd_file(task, fd);
 	if (!f)
@@ -195,8 +270,23 @@ static __always_inline int fd_is_channel(long fd)
 		return 0;
 	mode = BPF_CORE_READ(inode, i_mode) & S_IFMT;
 	if (mode == S_IFSOCK)
-		return 1;
+		return socket_reaches_sandbox(f);
 	return mode == S_IFIFO && BPF_CORE_READ(inode, i_sb, s_magic) != PIPEFS_MAGIC;
+}
+
+/* Whether descriptor fd of the current task is a datagram socket (its connect only sets a
+ * default destination). */
+static __always_inline int fd_is_datagram(long fd)
+{
+	struct file *f = fd_file(bpf_get_current_task_btf(), fd);
+	struct socket *sock;
+
+	if (!f)
+		return 0;
+	sock = BPF_CORE_READ(f, private_data);
+	if (!sock || (BPF_CORE_READ(f, f_inode, i_mode) & S_IFMT) != S_IFSOCK)
+		return 0;
+	return BPF_CORE_READ(sock, type) == 2; /* SOCK_DGRAM */
 }
 
 #define O_CREAT 00000100
@@ -215,6 +305,9 @@ static __always_inline int fd_is_channel(long fd)
 /* What sys_exit does for a syscall remembered at sys_enter. */
 #define PENDING_IF_OK 1	  /* count when it succeeded */
 #define PENDING_OPEN_FD 2 /* count when the new descriptor is a named regular file */
+#define PENDING_CONNECT 3 /* count when it succeeded or is in progress (queued) */
+#define PENDING_IF_DATA 4 /* count when it moved data (returned > 0) */
+#define EINPROGRESS 115
 
 /* Thread id -> PENDING_* between sys_enter and sys_exit of a tracked task. */
 struct {
@@ -332,13 +425,19 @@ static __always_inline void forget_async_user(__u32 tgid)
  *                                               x86_64 table's
  *   a core dump (core_pattern writes into the   at sched_process_exit: exit code has 0x80
  *   sandbox's cwd, no syscall of the task)
- *   write writev sendfile splice sendto         enter, fd a socket or a named FIFO, task not
- *   sendmsg sendmmsg to a socket or named FIFO  ptraced (CRIU's parasite): the data may wait in
- *                                               the queue of a process that does not run
- *   connect                                     ok, task not ptraced (a queued connection)
+ *   write writev sendto sendmsg sendmmsg to a   exit, data moved; fd a named FIFO or a socket
+ *   named FIFO or a socket that may reach a     whose peer may be a sandbox process (not
+ *   sandbox process                             netlink/AF_ALG, not a socketpair, not a
+ *                                               connected IPv4/6 socket off loopback); not
+ *                                               while CRIU traces the task (its parasite)
+ *   sendfile splice into such a descriptor      enter
+ *   read readv from a named FIFO                exit, data moved (taken from its holder)
+ *   connect (stream sockets)                    exit, ok or EINPROGRESS (a queued connection)
  *   process_vm_writev, ptrace but TRACEME and   enter: another process's state
- *   the peeks
- *   SysV shm/sem/msg and POSIX mq syscalls      enter, always: the IPC namespace's objects
+ *   the peeks, pidfd_getfd
+ *   SysV shm/sem/msg and POSIX mq syscalls      enter; the blocking ones (semop, semtimedop,
+ *                                               msgsnd, msgrcv, mq_timedsend/receive) at exit
+ *                                               when ok, as they restart after a thaw
  *   memfd_create + write, O_TMPFILE, anonymous  not counted: link count 0, not in the upper
  *   shared memory, anonymous pipes, devices,    layer; linking one in (linkat AT_EMPTY_PATH)
  *   /proc and other pseudo files                is linkat: ok
@@ -434,18 +533,34 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 1:	 /* write */
 	case 20: /* writev */
 		flags = BPF_CORE_READ(regs, di);
-		if (fd_is_named_regular(flags) || fd_is_channel(flags))
+		if (fd_is_named_regular(flags))
 			count_write(c);
+		else if (fd_is_channel(flags))
+			/* At exit: a send blocked on a full queue and restarted after a thaw is
+			 * not a new one. */
+			remember(c, PENDING_IF_DATA);
+		break;
+	case 0:	 /* read: taking data out of a named FIFO another process holds */
+	case 19: /* readv */
+		if (fd_is_named_fifo(BPF_CORE_READ(regs, di)) &&
+		    !traced_by_agent(bpf_get_current_task_btf()))
+			remember(c, PENDING_IF_DATA);
+		break;
+	case 91:  /* fchmod */
+	case 93:  /* fchown */
+	case 190: /* fsetxattr */
+	case 199: /* fremovexattr */
+		if (fd_is_sandbox_file(BPF_CORE_READ(regs, di), 1))
+			count_write(c);
+		break;
+	case 438: /* pidfd_getfd: a descriptor taken from another process */
+		count_write(c);
 		break;
 	case 18:  /* pwrite64 */
 	case 296: /* pwritev */
 	case 328: /* pwritev2 */
 	case 77:  /* ftruncate */
 	case 285: /* fallocate */
-	case 91:  /* fchmod */
-	case 93:  /* fchown */
-	case 190: /* fsetxattr */
-	case 199: /* fremovexattr */
 	case 40:  /* sendfile */
 		flags = BPF_CORE_READ(regs, di);
 		if (fd_is_named_regular(flags) || fd_is_channel(flags))
@@ -461,11 +576,21 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 46:  /* sendmsg */
 	case 307: /* sendmmsg */
 		if (fd_is_channel(BPF_CORE_READ(regs, di)))
-			count_write(c);
+			remember(c, PENDING_IF_DATA);
 		break;
 	case 42: /* connect: queues a connection with a listener that need not run */
-		if (!bpf_get_current_task_btf()->ptrace)
-			remember(c, PENDING_IF_OK);
+		flags = BPF_CORE_READ(regs, di);
+		if (fd_is_channel(flags) && !fd_is_datagram(flags))
+			remember(c, PENDING_CONNECT);
+		break;
+	case 65:  /* semop */
+	case 220: /* semtimedop */
+	case 69:  /* msgsnd */
+	case 70:  /* msgrcv */
+	case 242: /* mq_timedsend */
+	case 243: /* mq_timedreceive */
+		/* At exit: blocked ones restart after a thaw or a restore. */
+		remember(c, PENDING_IF_OK);
 		break;
 	case 101: /* ptrace: pokes, register and signal changes, stops and resumes */
 		flags = BPF_CORE_READ(regs, di);
@@ -478,17 +603,11 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id)
 	case 30:  /* shmat */
 	case 31:  /* shmctl */
 	case 64:  /* semget */
-	case 65:  /* semop */
 	case 66:  /* semctl */
-	case 220: /* semtimedop */
 	case 68:  /* msgget */
-	case 69:  /* msgsnd */
-	case 70:  /* msgrcv */
 	case 71:  /* msgctl */
 	case 240: /* mq_open */
 	case 241: /* mq_unlink */
-	case 242: /* mq_timedsend */
-	case 243: /* mq_timedreceive */
 	case 244: /* mq_notify */
 	case 245: /* mq_getsetattr */
 		/* SysV and POSIX IPC objects live in the sandbox's IPC namespace, which CRIU dumps. */
@@ -600,8 +719,27 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	what = bpf_map_lookup_elem(&pending, &tid);
 	if (!what)
 		return 0;
-	if (ret >= 0 && (*what == PENDING_IF_OK || fd_is_named_regular(ret)))
+	switch (*what) {
+	case PENDING_IF_OK:
+		if (ret >= 0)
+			count_write(c);
+		break;
+	case PENDING_OPEN_FD:
+		if (ret >= 0 && fd_is_named_regular(ret))
+			count_write(c);
+		break;
+	case PENDING_CONNECT:
+		if (ret >= 0 || ret == -EINPROGRESS)
+			count_write(c);
+		break;
+	case PENDING_IF_DATA:
+		if (ret > 0)
+			count_write(c);
+		break;
+	default:
 		count_write(c);
+		break;
+	}
 	bpf_map_delete_elem(&pending, &tid);
 	return 0;
 }

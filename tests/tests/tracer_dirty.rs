@@ -283,6 +283,22 @@ fn held_elsewhere(bpf: bool) {
         let msg = "python3 -B -c 'import ctypes\nlibc = ctypes.CDLL(None)\n\
                    print(libc.msgget(0, 0o1600))'";
         assert!(dirty(&d, &id, msg), "a SysV message queue");
+        assert!(dirty(&d, &id, "echo again > /q"));
+        assert!(
+            dirty(&d, &id, "head -c 6 /q > /dev/null"),
+            "a line taken out of the held FIFO"
+        );
+        let nonblocking = "python3 -B -c 'import socket\ns = socket.socket()\n\
+                           s.setblocking(False)\ns.connect_ex((\"127.0.0.1\", 7000))'";
+        assert!(dirty(&d, &id, nonblocking), "a non-blocking connection");
+    }
+    // Sockets only the action's own processes or the kernel hold stay clean: asyncio's
+    // self-pipe (a socketpair), a netlink query.
+    for clean in [
+        "python3 -B -c 'import asyncio\nasyncio.run(asyncio.to_thread(print, 1))' > /dev/null",
+        "python3 -B -c 'import socket\nsocket.if_nameindex()'",
+    ] {
+        assert!(!dirty(&d, &id, clean), "{clean} should be clean");
     }
     // The main thread exits (the process shows as a zombie), a thread serves on.
     let half = "python3 -B -c 'import threading, time, ctypes\n\
