@@ -143,18 +143,34 @@ fn live_state(d: &mut Daemon) {
     );
     assert!(ask(d, &id, 5).checkpointed);
 
+    // A job that writes a file after the step that started it, and after a clean step:
+    // the write happened before the call, so the call does not skip.
+    // (The step waits until the job has started its `sleep`, so the next step's process
+    // set is the same.)
+    let later = "sh -c 'sleep 1; echo later > /later' </dev/null >/dev/null 2>&1 & sleep 0.2";
+    assert_eq!(d.exec(&id, later).dirty, Some(true));
+    assert!(ask(d, &id, 6).checkpointed);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert_eq!(d.exec(&id, "true").dirty, Some(false));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let r = ask(d, &id, 7);
+    assert!(
+        r.checkpointed,
+        "after a background write since the last step: {r:?}"
+    );
+
     // A job that writes a file a second after it starts, checkpointed while it sleeps: once
     // restored, it writes before the next action, which must not be called clean.
     let job = "sh -c 'sleep 1; echo late > /late' </dev/null >/dev/null 2>&1 &";
     assert_eq!(d.exec(&id, job).dirty, Some(true));
-    assert!(ask(d, &id, 6).checkpointed);
+    assert!(ask(d, &id, 8).checkpointed);
     d.fail_stop(&id);
-    assert_eq!(d.restore(&id).prefix, Some(6));
+    assert_eq!(d.restore(&id).prefix, Some(8));
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let read = d.exec(&id, "cat /late");
     assert_eq!(String::from_utf8_lossy(&read.stdout).trim(), "late");
     assert_eq!(read.dirty, Some(true), "the restored job wrote /late");
-    let r = ask(d, &id, 7);
+    let r = ask(d, &id, 9);
     assert!(r.checkpointed, "after the restored job's write: {r:?}");
 }
 

@@ -15,7 +15,7 @@ use belayer_ipc::{
     PROTOCOL_VERSION,
 };
 
-use crate::cgroup::CgroupLayout;
+use crate::cgroup::{CgroupLayout, SandboxCgroup};
 use crate::runtime::Runtime;
 use crate::sandbox::{self, SandboxSlot, SandboxState};
 use crate::store::CheckpointStore;
@@ -224,7 +224,18 @@ impl Agent {
             let _op = slot.lock_op();
             let rec = slot.refresh();
             let dirty = if rec.state.can_checkpoint() && rec.init_alive() {
-                slot.changes.since_ready()
+                match slot.changes.since_ready() {
+                    // Clean up to the last action; and since, what background processes did.
+                    Some(false) => match SandboxCgroup::open(&rec.cgroup) {
+                        Ok(cg) => self.rt.tracer.changed_since_mark(
+                            &rec,
+                            &cg,
+                            &slot.paths.upper(rec.instance),
+                        ),
+                        Err(_) => None,
+                    },
+                    other => other,
+                }
             } else {
                 None
             };

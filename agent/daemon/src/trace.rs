@@ -242,6 +242,43 @@ impl SandboxTracer {
         }
     }
 
+    /// Whether the sandbox changed since its last action boundary, without moving it: the
+    /// file counter (without file counters, the upper layer's fingerprint), the set of
+    /// processes and held writers, as an action's verdict reads them. What background
+    /// processes did after the last action ended is not yet in any verdict; a
+    /// `MaybeCheckpoint` asks this before it answers "clean". `None`: not traced, or (without
+    /// file counters) no boundary yet.
+    pub fn changed_since_mark(
+        &self,
+        rec: &SandboxRecord,
+        cgroup: &SandboxCgroup,
+        upper: &Path,
+    ) -> Option<bool> {
+        let c = self.cgroup_of(&rec.id)?;
+        let counters = self.tracer.counters(c);
+        let counts_files = self.tracer.counts_files();
+        let mark = lock(&self.shared.marks)
+            .get(&rec.id)
+            .filter(|m| m.cgroup_id == c)
+            .cloned();
+        let files = match (&mark, counters) {
+            (Some(m), Some(now)) if counts_files => Some(Some(now.fs_writes) != m.fs_writes),
+            // No boundary yet: the counters started at 0 when the cgroup was tracked.
+            (None, Some(now)) if counts_files => Some(now.fs_writes != 0),
+            (Some(m), _) => match (m.upper, upper_fingerprint(upper)) {
+                (Some(b), Some(a)) => Some(a != b),
+                _ => None,
+            },
+            (None, _) => None,
+        }?;
+        let pids = live_pids(cgroup, rec.init_pid);
+        let held = self.held_now(&cgroup.pids().unwrap_or_default(), counters.as_ref());
+        let moved = mark
+            .as_ref()
+            .is_some_and(|m| m.pids != pids || m.held.is_some());
+        Some(files || moved || held.is_some())
+    }
+
     /// What [`SandboxTracer::track_restored`] needs from before CRIU starts: without file
     /// counters, the fingerprint of the upper layer CRIU restores the tree over.
     pub fn restore_baseline(&self, upper: &Path) -> RestoreBaseline {
