@@ -17,6 +17,10 @@ fn main() {
     for src in SOURCES {
         println!("cargo:rerun-if-changed=bpf/{src}.bpf.c");
     }
+    // Headers the sources include (`#include "x.h"`, beside them).
+    for header in ["fds.h", "file_activity.h"] {
+        println!("cargo:rerun-if-changed=bpf/{header}");
+    }
     for var in [
         "BELAYER_CLANG",
         "BELAYER_BPFTOOL",

@@ -14,7 +14,7 @@
 //!   rename, mkdir, mknod, links, chmod/chown/utimes/truncate, xattrs, path-bound Unix
 //!   sockets, modifying ioctls, shared writable file mappings by `mmap`/`mprotect`
 //!   (`bpf_find_vma`, Linux ≥ 5.17), io_uring and AIO, every 32-bit/x32 syscall, core dumps;
-//!   x86_64 syscall numbers, see [`Tracer::counts_files`]; the table in `bpf/tracer.bpf.c`
+//!   x86_64 syscall numbers, see [`Tracer::counts_files`]; the table in `bpf/file_activity.h`
 //!   lists every path and its rule): counters in the per-cgroup map, read synchronously with
 //!   [`Tracer::counters`], including the live io_uring/AIO users
 //!   ([`Counters::async_procs`]). Stores through a shared file mapping made in an earlier

@@ -187,7 +187,7 @@ pub struct Counters {
     /// io_uring and Linux AIO syscall, every 32-bit or x32 syscall, core dumps; and data
     /// sent to sockets or named FIFOs, connections made, `process_vm_writev` and `ptrace`,
     /// SysV and POSIX IPC syscalls (state another process or the IPC namespace holds). The
-    /// table in `bpf/tracer.bpf.c` lists each path and its rule.
+    /// table in `bpf/file_activity.h` lists each path and its rule.
     pub fs_writes: u64,
     /// Processes created (threads not counted).
     pub forks: u64,

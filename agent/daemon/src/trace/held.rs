@@ -1,5 +1,5 @@
 //! What a sandbox holds that can change its files with no syscall at all, read from `/proc`
-//! at the end of each step (both tracer kinds; see the table in `ebpf/bpf/tracer.bpf.c`):
+//! at the end of each step (both tracer kinds; see the table in `ebpf/bpf/file_activity.h`):
 //!
 //! - a shared writable mapping (`rw?s` in `/proc/<pid>/maps`) of a regular file whose link
 //!   count is above 0 (`stat` of `/proc/<pid>/map_files/<range>`, which also sees the real
