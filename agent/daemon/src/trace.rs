@@ -227,12 +227,10 @@ impl SandboxTracer {
                 held: held::scan(&cgroup.pids().unwrap_or_default()),
             })
         });
-        // The processes running before the action, less the init (Belayer's own: it only
-        // reaps), whose running during the action is a change no file shows.
-        let running: Vec<i32> = live
-            .into_iter()
-            .filter(|p| Some(*p) != rec.init_pid)
-            .collect();
+        // The processes running before the action, the init among them (the image's shell,
+        // which a sandbox process may drive, e.g. by ptrace), whose running during the
+        // action is a change no file shows.
+        let running = live;
         ActionProbe {
             cgroup_id: cg,
             oom_kills: cg.and_then(|c| self.tracer.oom_kills(c)),

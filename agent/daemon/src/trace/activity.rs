@@ -14,11 +14,12 @@
 //! processes do on their own between two steps (timers, a compile left running) is not a
 //! change the next step made, and freezing and thawing a sandbox for a checkpoint, or CRIU's
 //! parasite, make every task run. A process woken by a timer during the action counts, which
-//! errs towards dirty. The sandbox init (Belayer's own, which only reaps) is left out by the
-//! caller.
+//! errs towards dirty; so does the sandbox init reaping an orphan of the action that exits
+//! during it (the init's own hourly `sleep` is not watched: the caller leaves it out).
 //!
-//! Known limit: data queued to a process that neither runs nor wakes (a stopped reader of a
-//! pipe or socket) changes kernel state the checkpoint holds without any task running.
+//! Known limit: data queued to a process that neither runs nor wakes (a reader asleep on
+//! something else) changes kernel state the checkpoint holds without any task running; the BPF
+//! counter covers sockets, named FIFOs and IPC (`ebpf/bpf/file_activity.h`).
 //!
 //! The walk is bounded ([`BUDGET`] tasks); past it, or when a task's entries cannot be read,
 //! the answer is [`Ran::Unknown`], which makes the step dirty.
