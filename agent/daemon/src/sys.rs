@@ -70,6 +70,41 @@ pub fn memfd(name: &str) -> SysResult<fs::File> {
     Ok(fs::File::from(fd))
 }
 
+/// A read-only descriptor of a memfd named `name` holding `bytes`, sealed against any change
+/// (`F_SEAL_SEAL | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE`), at offset 0. `owner` (host
+/// uid and gid) is given the file first when set. Whoever holds the descriptor, or reopens it
+/// through `/proc/<pid>/fd`, reads exactly `bytes` and can neither write nor resize it.
+pub fn sealed_memfd(name: &str, bytes: &[u8], owner: Option<u32>) -> SysResult<fs::File> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let fd = rustix::fs::memfd_create(
+        name,
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| SyscallError::io("memfd_create", name, e.into()))?;
+    let file = fs::File::from(fd);
+    file.write_all_at(bytes, 0)
+        .map_err(|e| SyscallError::io("pwrite", name, e))?;
+    if let Some(id) = owner {
+        std::os::unix::fs::fchown(&file, Some(id), Some(id))
+            .map_err(|e| SyscallError::io("fchown", name, e))?;
+    }
+    rustix::fs::fcntl_add_seals(
+        &file,
+        rustix::fs::SealFlags::WRITE
+            | rustix::fs::SealFlags::SHRINK
+            | rustix::fs::SealFlags::GROW
+            | rustix::fs::SealFlags::SEAL,
+    )
+    .map_err(|e| SyscallError::io("fcntl(F_ADD_SEALS)", name, e.into()))?;
+    // A fresh open file description, read-only, at offset 0 (memfd_create's is read-write).
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| SyscallError::io("open", path, e))
+}
+
 /// Opens a pidfd for `pid` (Linux ≥ 5.3).
 pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.

@@ -7,7 +7,9 @@
 //! namespace (becoming the sandbox's root, unless the sandbox runs with `--userns=host`),
 //! leads a new session (so a timeout can kill the action's whole process group), takes stdin
 //! from the sandbox's own `/dev/null` (if it is still the null device, else an empty pipe:
-//! [`sandbox_stdin`]), keeps the stdout/stderr memfds the agent gave it,
+//! [`sandbox_stdin`]) or, with `--stdin inherit`, keeps the sealed, read-only stdin memfd the
+//! agent gave it as fd 0, keeps the stdout/stderr memfds the agent gave it (one memfd as both
+//! when the request merges them),
 //! drops to the container capability set with `no_new_privs`, and executes the sandbox's
 //! `/bin/sh -c CMD` opened beneath the sandbox root ([`super::finish`]). Background processes
 //! it starts are re-parented to the sandbox init when the shell exits and keep running.
@@ -129,6 +131,11 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
     let timeout_ms: Option<u64> = args.one("--timeout-ms").and_then(|s| s.parse().ok());
     let cwd = args.one("--cwd").unwrap_or("/");
     let private_userns = args.one("--userns").unwrap_or("private") != "host";
+    let inherit_stdin = match args.one("--stdin") {
+        None => false,
+        Some("inherit") => true,
+        Some(_) => return Err(ExecHelperError::BadArgument("--stdin")),
+    };
     let command = args
         .rest()
         .first()
@@ -192,7 +199,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         ForkResult::Child => {
             drop(report_rd);
             let mut report = fs::File::from(report_wr);
-            let err = action(&entry, &filter, &mut report, cwd, command, &env);
+            let err = action(&entry, &filter, &mut report, cwd, command, &env, inherit_stdin);
             let _ = write!(report, "{}", super::init::error_chain(&err));
             // SAFETY: _exit ends the child immediately; always safe.
             unsafe { libc::_exit(127) }
@@ -261,6 +268,7 @@ fn action(
     cwd: &str,
     command: &str,
     env: &[CString],
+    inherit_stdin: bool,
 ) -> SyscallError {
     let mut run = || -> Result<std::convert::Infallible, SyscallError> {
         // Our pid in the sandbox's pid namespace (the fork made it there), reported before
@@ -281,12 +289,14 @@ fn action(
         }
         // The new session and process group are numbered after us: `pid` (reported above).
         setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
-        let null = sandbox_stdin()?;
-        // SAFETY: dup2 onto stdin; `null` stays open during the call.
-        if unsafe { libc::dup2(null.as_raw_fd(), 0) } < 0 {
-            return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
+        if !inherit_stdin {
+            let null = sandbox_stdin()?;
+            // SAFETY: dup2 onto stdin; `null` stays open during the call.
+            if unsafe { libc::dup2(null.as_raw_fd(), 0) } < 0 {
+                return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
+            }
+            drop(null);
         }
-        drop(null);
         chdir(cwd).map_err(|e| SyscallError::new("chdir", cwd, e))?;
         let shell = super::finish::open_executable("/bin/sh")?;
         // Everything but stdio, the shell and the (close-on-exec) report pipe: the namespace
