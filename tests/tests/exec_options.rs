@@ -36,7 +36,10 @@ fn stdin_bytes_reach_the_action_and_cannot_be_changed_by_it() {
         },
     );
     assert_eq!(r.exit_code, 0, "{:?}", String::from_utf8_lossy(&r.stderr));
-    assert_eq!(r.stdout, bytes, "cat echoes stdin byte for byte, NULs included");
+    assert_eq!(
+        r.stdout, bytes,
+        "cat echoes stdin byte for byte, NULs included"
+    );
     assert!(!r.truncated);
 
     // Through /proc/self/fd/0 (the shell's, `$$`, for dd in a pipe) the action reopens the
@@ -117,7 +120,10 @@ fn merged_output_keeps_the_order_and_the_limit() {
             ..Default::default()
         },
     );
-    assert_eq!((&r.stdout[..], &r.stderr[..]), (&b"a\nc\n"[..], &b"b\n"[..]));
+    assert_eq!(
+        (&r.stdout[..], &r.stderr[..]),
+        (&b"a\nc\n"[..], &b"b\n"[..])
+    );
 }
 
 #[test]

@@ -199,7 +199,15 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         ForkResult::Child => {
             drop(report_rd);
             let mut report = fs::File::from(report_wr);
-            let err = action(&entry, &filter, &mut report, cwd, command, &env, inherit_stdin);
+            let err = action(
+                &entry,
+                &filter,
+                &mut report,
+                cwd,
+                command,
+                &env,
+                inherit_stdin,
+            );
             let _ = write!(report, "{}", super::init::error_chain(&err));
             // SAFETY: _exit ends the child immediately; always safe.
             unsafe { libc::_exit(127) }
