@@ -302,11 +302,12 @@ pub struct ExecRequest {
     /// `merge_stderr`, bytes of the one merged stream.
     pub output_limit: Option<u64>,
     /// Bytes fed to the action's stdin (a sealed memfd the action cannot change); empty: the
-    /// action's stdin is empty. At most the daemon's output limit, else `BadRequest`.
+    /// action's stdin is empty. At most the daemon's output limit (and a quarter of its frame
+    /// maximum), else `BadRequest`. Since protocol 8.
     #[serde(with = "serde_bytes")]
     pub stdin: Vec<u8>,
     /// Stdout and stderr are one ordered stream, as on a terminal: everything comes back in
-    /// `stdout` and `stderr` is empty.
+    /// `stdout` and `stderr` is empty. Since protocol 8.
     pub merge_stderr: bool,
 }
 
