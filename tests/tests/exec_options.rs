@@ -171,3 +171,37 @@ fn oversized_stdin_is_refused_and_the_sandbox_stays_usable() {
     );
     assert_eq!(String::from_utf8_lossy(&r.stdout).trim(), "1048576");
 }
+
+#[test]
+fn a_background_process_holding_the_stdin_memfd_checkpoints_and_restores() {
+    let (d, id) = started();
+    // A non-interactive shell gives background jobs /dev/null as stdin (before their own
+    // redirections): the job inherits the stdin memfd as the shell's fd 3.
+    let r = run(
+        &d,
+        ExecRequest {
+            id: id.clone(),
+            argv: vec!["exec 3<&0; sleep 1000 & echo started".into()],
+            stdin: b"kept by the background job\n".to_vec(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(r.stdout, b"started\n");
+    let held = "for p in /proc/[0-9]*; do \
+                [ \"$(cat $p/comm)\" = sleep ] && cat $p/fd/3; done; true";
+    assert_eq!(d.sh(&id, held), "kept by the background job");
+    d.checkpoint(&id, 1, b"ctx");
+    d.fail_stop(&id);
+    let restored = d.restore(&id);
+    assert_eq!(restored.prefix, Some(1));
+    // The restored job still holds the memfd, with the same bytes and its seals.
+    assert_eq!(d.sh(&id, held), "kept by the background job");
+    let write = "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = sleep ] && \
+                 [ -e $p/fd/3 ] && { echo XX >> $p/fd/3 && echo wrote; }; done; true";
+    assert_eq!(
+        d.sh(&id, write),
+        "",
+        "the restored stdin memfd took a write"
+    );
+    assert_eq!(d.sh(&id, held), "kept by the background job");
+}
