@@ -372,8 +372,10 @@ mod tests {
 
     #[test]
     fn stdin_is_bounded_by_the_output_limit_and_the_frame() {
-        let mut config = crate::config::Config::default();
-        config.output_limit_bytes = 1 << 30;
+        let mut config = crate::config::Config {
+            output_limit_bytes: 1 << 30,
+            ..Default::default()
+        };
         assert_eq!(stdin_limit(&config), u64::from(config.max_frame_bytes) / 4);
         config.output_limit_bytes = 10;
         assert_eq!(stdin_limit(&config), 10);
