@@ -205,3 +205,32 @@ fn a_background_process_holding_the_stdin_memfd_checkpoints_and_restores() {
     );
     assert_eq!(d.sh(&id, held), "kept by the background job");
 }
+
+#[test]
+fn a_host_userns_sandbox_gets_its_stdin_and_cannot_change_it_either() {
+    let d = Daemon::start();
+    d.image("busybox", &busybox_rootfs());
+    let id = d
+        .create_spec(belayer_ipc::SandboxSpec {
+            image: "busybox".into(),
+            userns: Some(belayer_ipc::UsernsMode::Host),
+            ..belayer_ipc::SandboxSpec::default()
+        })
+        .id;
+    // Host root (with the container capability set) in the sandbox: the seals still hold.
+    let r = run(
+        &d,
+        ExecRequest {
+            id,
+            argv: vec!["echo XX >> /proc/self/fd/0; echo append=$?; cat".into()],
+            stdin: b"\0host\n".to_vec(),
+            ..Default::default()
+        },
+    );
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(
+        out.starts_with("append=") && !out.starts_with("append=0"),
+        "{out:?}"
+    );
+    assert!(out.ends_with("\0host\n"), "{out:?}");
+}

@@ -4,8 +4,11 @@
 //! to two memfds that the agent reads after the shell exits (bounded by the output limit), or
 //! to one memfd given as both fd 1 and fd 2 when the request merges them (one open file
 //! description: both share its offset, so the order of writes is kept as on a terminal). Bytes
-//! for the action's stdin travel in a sealed, read-only memfd ([`sys::sealed_memfd`]): the
-//! sandbox can neither change what it reads nor grow it; at most [`stdin_limit`] bytes.
+//! for the action's stdin (at most [`stdin_limit`]) go to the helper in a memfd of the agent's;
+//! the action process copies them, once it sits in the sandbox's cgroup (so the copy is charged
+//! to the sandbox, however long background processes keep it), into a sealed memfd whose
+//! read-only twin becomes its stdin ([`sys::SealableMemfd`]): the sandbox can neither change
+//! what it reads nor grow it.
 //! Processes the action leaves in the background keep running inside the sandbox.
 
 use std::fs;
@@ -88,8 +91,9 @@ impl ExecError {
 pub use belayer_ipc::command_line;
 
 /// The most stdin bytes an action may get: the daemon's output limit, and no more than a
-/// quarter of the frame maximum (like each output stream). The memfd holding them lives as
-/// long as the action (or a background process of it) keeps it open.
+/// quarter of the frame maximum (like each output stream). The agent's copy lives for the
+/// verb; the sandbox's (charged to its cgroup) as long as the action or a background process of
+/// it keeps it open.
 pub fn stdin_limit(config: &crate::config::Config) -> u64 {
     config
         .output_limit_bytes
@@ -176,7 +180,10 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     let stdin = if req.stdin.is_empty() {
         None
     } else {
-        Some(sys::sealed_memfd("belayer-stdin", &req.stdin, owner)?)
+        let f = sys::memfd("belayer-stdin-source")?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &req.stdin, 0)
+            .map_err(|e| SyscallError::io("pwrite", "stdin memfd", e))?;
+        Some(f)
     };
     let (status_rd, status_wr): (OwnedFd, OwnedFd) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
@@ -200,7 +207,10 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         .arg("--status-fd")
         .arg(STATUS_FD.to_string());
     if stdin.is_some() {
-        cmd.arg("--stdin").arg("inherit");
+        cmd.arg("--stdin").arg("copy");
+        if let Some(id) = owner {
+            cmd.arg("--stdin-owner").arg(id.to_string());
+        }
     }
     if let Some(t) = timeout_ms {
         cmd.arg("--timeout-ms").arg(t.to_string());
@@ -384,7 +394,13 @@ mod tests {
     #[test]
     fn sealed_stdin_cannot_change() {
         use std::io::{Seek, Write};
-        let mut f = sys::sealed_memfd("t", b"in\0put", None).unwrap();
+        use std::os::fd::AsFd;
+        let src = sys::memfd("src").unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&src, b"in\0put", 0).unwrap();
+        let memfd = sys::SealableMemfd::create("t").unwrap();
+        let reader = memfd.fill_and_seal(src.as_fd(), None).unwrap();
+        let mut f = fs::File::from(reader.try_clone_to_owned().unwrap());
+        drop(memfd);
         let mut got = Vec::new();
         (&f).read_to_end(&mut got).unwrap();
         assert_eq!(got, b"in\0put");
