@@ -298,8 +298,17 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Extra environment for this action.
     pub env: Vec<(String, String)>,
-    /// Bytes of stdout and of stderr kept (default from the daemon config).
+    /// Bytes of stdout and of stderr kept (default from the daemon config); with
+    /// `merge_stderr`, bytes of the one merged stream.
     pub output_limit: Option<u64>,
+    /// Bytes fed to the action's stdin (a sealed memfd the action cannot change); empty: the
+    /// action's stdin is empty. At most the daemon's output limit (and a quarter of its frame
+    /// maximum), else `BadRequest`. Since protocol 8.
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    /// Stdout and stderr are one ordered stream, as on a terminal: everything comes back in
+    /// `stdout` and `stderr` is empty. Since protocol 8.
+    pub merge_stderr: bool,
 }
 
 /// Outcome of an action.

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from ctypes import byref, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _lib
+from .actions import ExecResult, InfraFault, Options, result  # noqa: F401 (re-exported)
 from .errors import ERRORS, BelayerError, EventTimeoutError
 
 #: A string argument: ``str`` (encoded as UTF-8) or raw ``bytes`` (passed as they are).
@@ -57,39 +58,6 @@ def library_version() -> str:
 def library_path() -> str:
     """Path of the loaded library."""
     return _lib.path()
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """Outcome of one action.
-
-    Attributes:
-        exit_code: exit code; 128 + signal when killed by a signal.
-        signal: terminating signal, ``None`` when none.
-        timed_out: the timeout killed the action.
-        truncated: stdout or stderr was cut at the daemon's output limit.
-        duration_ms: wall-clock duration, milliseconds.
-        stdout: captured stdout.
-        stderr: captured stderr.
-    """
-
-    exit_code: int
-    signal: Optional[int]
-    timed_out: bool
-    truncated: bool
-    duration_ms: float
-    stdout: bytes
-    stderr: bytes
-
-    @property
-    def ok(self) -> bool:
-        """Whether the action exited with 0."""
-        return self.exit_code == 0
-
-    @property
-    def text(self) -> str:
-        """stdout decoded as UTF-8 (invalid bytes replaced)."""
-        return self.stdout.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)
@@ -302,23 +270,44 @@ class Client(_Handle):
         """Kills sandbox ``id`` and deletes it with its checkpoints."""
         _check(self._lib.belayer_sandbox_destroy(self._handle, _c(id)))
 
-    def exec(self, id: Text, command: Text, timeout_ms: int = 0) -> ExecResult:
-        """Runs ``command`` with ``/bin/sh -c`` in sandbox ``id`` (killed after
-        ``timeout_ms`` ms; 0: no timeout). A non-zero exit is reported, not raised."""
+    def exec(
+        self,
+        id: Text,
+        command: Text,
+        timeout_ms: int = 0,
+        *,
+        cwd: Optional[Text] = None,
+        env: Optional[Mapping[Text, Text]] = None,
+        output_limit: Optional[int] = None,
+        merge_stderr: bool = False,
+        stdin: Optional[bytes] = None,
+    ) -> ExecResult:
+        """Runs ``command`` with ``/bin/sh -c`` in sandbox ``id``. A non-zero exit is
+        reported, not raised.
+
+        Args:
+            timeout_ms: kill the action's process group after this many ms; 0: no timeout.
+            cwd: absolute working directory inside the sandbox (default ``/``).
+            env: extra environment variables (keys non-empty, without ``=``).
+            output_limit: bytes kept of stdout and of stderr (of the merged stream with
+                ``merge_stderr``); ``None``: the daemon's default.
+            merge_stderr: stdout and stderr as one ordered stream, as on a terminal:
+                everything comes back in ``stdout``, ``stderr`` is empty.
+            stdin: bytes the action reads on its stdin (the daemon bounds them, by default
+                at 1 MiB: :class:`BadRequestError` beyond); ``None``: end of file at once.
+
+        Raises:
+            ValueError: a bad ``env`` key, a negative timeout or a non-positive limit.
+        """
+        opts = Options(timeout_ms, cwd, env, output_limit, merge_stderr, stdin)
         r = _lib.ExecResult()
         try:
             _check(
-                self._lib.belayer_exec(self._handle, _c(id), _c(command), timeout_ms, byref(r))
+                self._lib.belayer_exec_with(
+                    self._handle, _c(id), _c(command), byref(opts.struct), byref(r)
+                )
             )
-            return ExecResult(
-                exit_code=r.exit_code,
-                signal=r.signal or None,
-                timed_out=bool(r.timed_out),
-                truncated=bool(r.truncated),
-                duration_ms=r.duration_ms,
-                stdout=_lib.buf_bytes(r.stdout_buf),
-                stderr=_lib.buf_bytes(r.stderr_buf),
-            )
+            return result(r)
         finally:
             self._lib.belayer_exec_result_free(byref(r))
 
@@ -495,9 +484,28 @@ class Sandbox:
         """See :meth:`Client.inspect`."""
         return self.client.inspect(self.id)
 
-    def exec(self, command: Text, timeout_ms: int = 0) -> ExecResult:
+    def exec(
+        self,
+        command: Text,
+        timeout_ms: int = 0,
+        *,
+        cwd: Optional[Text] = None,
+        env: Optional[Mapping[Text, Text]] = None,
+        output_limit: Optional[int] = None,
+        merge_stderr: bool = False,
+        stdin: Optional[bytes] = None,
+    ) -> ExecResult:
         """See :meth:`Client.exec`."""
-        return self.client.exec(self.id, command, timeout_ms)
+        return self.client.exec(
+            self.id,
+            command,
+            timeout_ms,
+            cwd=cwd,
+            env=env,
+            output_limit=output_limit,
+            merge_stderr=merge_stderr,
+            stdin=stdin,
+        )
 
     def checkpoint(self, prefix: int, context: bytes = b"") -> CheckpointInfo:
         """See :meth:`Client.checkpoint`."""

@@ -137,3 +137,62 @@ fn cli_cycle_with_json() {
     let (code, _, _) = belayer(&d, &["sandbox", "rm", &id]);
     assert_eq!(code, 0);
 }
+
+#[test]
+fn cli_exec_options() {
+    let d = Daemon::start();
+    d.image("busybox", &busybox_rootfs());
+    let id = d.create("busybox").id;
+
+    // -i: the CLI's own stdin goes to the action; merged output, cwd, env, the whole JSON.
+    let mut child = Command::new(bin("belayer"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["--json", "exec", &id, "--cwd", "/tmp", "--env", "WHO=cli"])
+        .args(["--merge-stderr", "-i", "--timeout", "30", "--"])
+        .arg("pwd; echo $WHO >&2; cat")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"from stdin\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["stdout"], "/tmp\ncli\nfrom stdin\n");
+    assert_eq!(r["stderr"], "");
+    assert_eq!(r["truncated"], false);
+    assert!(r["infra_fault"].is_null(), "{r}");
+    assert!(r.get("dirty").is_some(), "{r}");
+
+    // --stdin-file, and the limit on the merged stream.
+    let input = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(input.path(), b"0123456789abcdef").unwrap();
+    let (code, r, err) = belayer(
+        &d,
+        &[
+            "exec",
+            &id,
+            "--stdin-file",
+            input.path().to_str().unwrap(),
+            "--merge-stderr",
+            "--output-limit",
+            "10",
+            "--",
+            "cat >&2",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["stdout"], "0123456789");
+    assert_eq!(r["truncated"], true);
+
+    // Both stdin sources at once are a usage error.
+    let (code, _, _) = belayer(&d, &["exec", &id, "-i", "--stdin-file", "/x", "--", "cat"]);
+    assert_eq!(code, 2);
+}

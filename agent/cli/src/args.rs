@@ -173,9 +173,19 @@ pub struct ExecArgs {
     /// Extra environment, K=V (repeatable).
     #[arg(long = "env", value_parser = parse_env)]
     pub env: Vec<(String, String)>,
-    /// Bytes of stdout and of stderr to keep.
+    /// Bytes of stdout and of stderr to keep (of the merged stream with `--merge-stderr`).
     #[arg(long, value_parser = belayer_ipc::parse_bytes)]
     pub output_limit: Option<u64>,
+    /// Stdout and stderr as one ordered stream, as on a terminal: all of it comes back on
+    /// stdout (and in `stdout` of `--json`).
+    #[arg(long)]
+    pub merge_stderr: bool,
+    /// Feed the bytes of this file to the action's stdin.
+    #[arg(long, value_name = "PATH", conflicts_with = "stdin")]
+    pub stdin_file: Option<PathBuf>,
+    /// Feed this command's own stdin (read to its end first) to the action's stdin.
+    #[arg(short = 'i', long = "stdin")]
+    pub stdin: bool,
     /// The command (one argument is run by `sh -c`).
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -258,6 +268,52 @@ mod tests {
         assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
         assert!(parse_env("=x").is_err());
         assert!(parse_env("x").is_err());
+    }
+
+    #[test]
+    fn exec_options_parse() {
+        let cli = Cli::try_parse_from([
+            "belayer",
+            "exec",
+            "sb-1",
+            "--cwd",
+            "/tmp",
+            "--env",
+            "A=1",
+            "--env",
+            "B=2",
+            "--output-limit",
+            "4K",
+            "--merge-stderr",
+            "-i",
+            "--",
+            "cat",
+        ])
+        .unwrap();
+        let Command::Exec(a) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(a.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(a.env.len(), 2);
+        assert_eq!(a.output_limit, Some(4096));
+        assert!(a.merge_stderr && a.stdin && a.stdin_file.is_none());
+        let cli = Cli::try_parse_from(["belayer", "exec", "sb", "--stdin-file", "/x", "--", "cat"])
+            .unwrap();
+        let Command::Exec(a) = cli.command else {
+            panic!("wrong command")
+        };
+        assert_eq!(a.stdin_file.as_deref(), Some(std::path::Path::new("/x")));
+        assert!(Cli::try_parse_from([
+            "belayer",
+            "exec",
+            "sb",
+            "-i",
+            "--stdin-file",
+            "/x",
+            "--",
+            "cat"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -90,6 +90,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             if a.timeout.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
                 bail!("--timeout must be a positive number of seconds");
             }
+            let stdin = exec_stdin(a.stdin_file.as_deref(), a.stdin)?;
             let req = ExecRequest {
                 id: a.id,
                 argv: a.command,
@@ -97,6 +98,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                 timeout_ms: a.timeout.map(|t| (t * 1000.0).ceil() as u64),
                 env: a.env,
                 output_limit: a.output_limit,
+                stdin,
+                merge_stderr: a.merge_stderr,
             };
             match call(&mut c, Request::Exec(req))? {
                 Response::Exec(r) => return Ok(p.exec(&r)),
@@ -152,4 +155,31 @@ pub fn run(cli: Cli) -> Result<i32> {
         | Command::Router(_) => {}
     }
     Ok(0)
+}
+
+/// The most bytes `exec` reads for the action's stdin (the frame maximum of a default
+/// daemon; the daemon's own bound is lower and refuses the rest with a precise error).
+const STDIN_READ_MAX: u64 = 16 << 20;
+
+/// The action's stdin for `exec`: the file at `path`, this process's stdin when `own`, else
+/// nothing.
+fn exec_stdin(path: Option<&std::path::Path>, own: bool) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let (reader, what): (Box<dyn Read>, String) = match (path, own) {
+        (Some(p), _) => (
+            Box::new(std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?),
+            p.display().to_string(),
+        ),
+        (None, true) => (Box::new(std::io::stdin().lock()), "stdin".to_owned()),
+        (None, false) => return Ok(Vec::new()),
+    };
+    let mut bytes = Vec::new();
+    reader
+        .take(STDIN_READ_MAX + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("reading {what}"))?;
+    if bytes.len() as u64 > STDIN_READ_MAX {
+        bail!("{what} holds more than {STDIN_READ_MAX} bytes, too much for an action's stdin");
+    }
+    Ok(bytes)
 }

@@ -70,6 +70,81 @@ pub fn memfd(name: &str) -> SysResult<fs::File> {
     Ok(fs::File::from(fd))
 }
 
+/// A memfd to be filled once and then sealed against any change (`F_SEAL_SEAL |
+/// F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE`), with a read-only twin descriptor (a fresh open
+/// file description at offset 0, opened through this process's `/proc/self/fd` when created:
+/// create it before entering another mount namespace). Whoever holds the twin, or reopens it
+/// through `/proc/<pid>/fd`, reads exactly what was filled in and can neither write nor resize
+/// it. The pages are charged to the memory cgroup of the process that fills it.
+#[derive(Debug)]
+pub struct SealableMemfd {
+    name: String,
+    writer: fs::File,
+    reader: fs::File,
+}
+
+impl SealableMemfd {
+    /// Creates the empty memfd `name` and its read-only twin.
+    pub fn create(name: &str) -> SysResult<SealableMemfd> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let fd = rustix::fs::memfd_create(
+            name,
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(|e| SyscallError::io("memfd_create", name, e.into()))?;
+        let writer = fs::File::from(fd);
+        let path = format!("/proc/self/fd/{}", writer.as_raw_fd());
+        let reader = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|e| SyscallError::io("open", path, e))?;
+        Ok(SealableMemfd {
+            name: name.to_owned(),
+            writer,
+            reader,
+        })
+    }
+
+    /// Copies everything `src` holds from offset 0 (a regular file or memfd: never blocks)
+    /// into the memfd, gives it to `owner` (host uid and gid) when set, seals it and returns
+    /// the read-only twin.
+    pub fn fill_and_seal(
+        &self,
+        src: BorrowedFd<'_>,
+        owner: Option<u32>,
+    ) -> SysResult<BorrowedFd<'_>> {
+        use std::io::Write;
+        let mut chunk = vec![0u8; 64 << 10];
+        let mut off = 0u64;
+        loop {
+            let n = match rustix::io::pread(src, &mut chunk, off) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(SyscallError::io("pread", self.name.clone(), e.into())),
+            };
+            (&self.writer)
+                .write_all(&chunk[..n])
+                .map_err(|e| SyscallError::io("write", self.name.clone(), e))?;
+            off += n as u64;
+        }
+        if let Some(id) = owner {
+            std::os::unix::fs::fchown(&self.writer, Some(id), Some(id))
+                .map_err(|e| SyscallError::io("fchown", self.name.clone(), e))?;
+        }
+        rustix::fs::fcntl_add_seals(
+            &self.writer,
+            rustix::fs::SealFlags::WRITE
+                | rustix::fs::SealFlags::SHRINK
+                | rustix::fs::SealFlags::GROW
+                | rustix::fs::SealFlags::SEAL,
+        )
+        .map_err(|e| SyscallError::io("fcntl(F_ADD_SEALS)", self.name.clone(), e.into()))?;
+        Ok(std::os::fd::AsFd::as_fd(&self.reader))
+    }
+}
+
 /// Opens a pidfd for `pid` (Linux ≥ 5.3).
 pub fn pidfd_open(pid: i32) -> SysResult<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is passed.

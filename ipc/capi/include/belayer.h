@@ -30,7 +30,7 @@
 
 // Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
 // with [`belayer_abi_version`] at run time to detect a header/library mismatch.
-#define BELAYER_ABI_VERSION 1
+#define BELAYER_ABI_VERSION 2
 
 // Event kind: a sandbox lost its init or was killed from outside.
 #define BELAYER_EVENT_SANDBOX_FAILED 1
@@ -64,6 +64,28 @@
 
 // Decision reason: a reason this library does not know (newer daemon).
 #define BELAYER_REASON_UNKNOWN -1
+
+// `BelayerExecResult.infra_fault`: no infrastructure fault.
+#define BELAYER_INFRA_FAULT_NONE 0
+
+// `BelayerExecResult.infra_fault`: a fatal signal sent from outside the sandbox reached one
+// of its processes.
+#define BELAYER_INFRA_FAULT_EXTERNAL_KILL 1
+
+// `BelayerExecResult.infra_fault`: the OOM killer killed a process of the sandbox.
+#define BELAYER_INFRA_FAULT_OOM 2
+
+// `BelayerExecResult.infra_fault`: the sandbox init died; the whole sandbox is gone.
+#define BELAYER_INFRA_FAULT_SANDBOX_LOST 3
+
+// `BelayerExecResult.dirty`: the daemon cannot tell whether the action changed the sandbox.
+#define BELAYER_DIRTY_UNKNOWN -1
+
+// `BelayerExecResult.dirty`: the action left the sandbox unchanged.
+#define BELAYER_DIRTY_CLEAN 0
+
+// `BelayerExecResult.dirty`: the action changed the sandbox (files, processes).
+#define BELAYER_DIRTY_CHANGED 1
 
 // Lease mode [`LeaseMode::Read`].
 #define BELAYER_LEASE_READ 0
@@ -293,6 +315,59 @@ typedef struct BelayerEvent {
   char *reason;
 } BelayerEvent;
 
+// Outcome of an action; free with [`belayer_exec_result_free`].
+typedef struct BelayerExecResult {
+  // Exit code; 128 + signal when killed by a signal.
+  int32_t exit_code;
+  // Terminating signal, 0 when none.
+  int32_t signal;
+  // True when the timeout killed the action.
+  bool timed_out;
+  // True when stdout or stderr was cut at the output limit.
+  bool truncated;
+  // Wall-clock duration, milliseconds.
+  double duration_ms;
+  // Captured stdout.
+  struct BelayerBuf stdout_buf;
+  // Captured stderr (empty when the options merged it into stdout).
+  struct BelayerBuf stderr_buf;
+  // `BELAYER_INFRA_FAULT_*`: an infrastructure failure hit the action (its output is not
+  // the task's own behaviour; recover instead); `BELAYER_INFRA_FAULT_NONE` (0) when none.
+  int infra_fault;
+  // Host pid of the process the fault hit, -1 when unknown or no fault.
+  int32_t infra_fault_pid;
+  // The fault's killing signal, 0 when unknown or no fault.
+  int32_t infra_fault_signal;
+  // `BELAYER_DIRTY_*`: whether the action changed the sandbox (-1 unknown, 0 clean,
+  // 1 changed).
+  int dirty;
+} BelayerExecResult;
+
+// Options of [`belayer_exec_with`]; zero (all fields 0 or NULL) means every default.
+typedef struct BelayerExecOptions {
+  // Working directory inside the sandbox, an absolute path; NULL: `/`.
+  const char *cwd;
+  // Extra environment: `env_len` NUL-terminated `KEY=VALUE` strings (KEY non-empty, split
+  // at the first `=`); NULL when `env_len` is 0.
+  const char *const *env;
+  // Number of entries of `env`.
+  size_t env_len;
+  // Timeout in milliseconds; on expiry the action's process group is killed. 0: none (the
+  // daemon's default, if it has one).
+  uint64_t timeout_ms;
+  // Bytes kept of stdout and of stderr (of the merged stream with `merge_stderr`); 0: the
+  // daemon's default.
+  uint64_t output_limit;
+  // Stdout and stderr are one ordered stream, as on a terminal: everything comes back in
+  // `stdout_buf`, `stderr_buf` is empty.
+  bool merge_stderr;
+  // Bytes fed to the action's stdin (`stdin_len` of them; the daemon bounds them, by
+  // default at 1 MiB); NULL when `stdin_len` is 0 (stdin reads end of file at once).
+  const uint8_t *stdin_data;
+  // Number of bytes at `stdin_data`.
+  size_t stdin_len;
+} BelayerExecOptions;
+
 // A sandbox; free with [`belayer_sandbox_info_free`].
 typedef struct BelayerSandboxInfo {
   // Sandbox id.
@@ -316,24 +391,6 @@ typedef struct BelayerSandboxInfo {
   // Creation time, milliseconds since the Unix epoch.
   uint64_t created_unix_ms;
 } BelayerSandboxInfo;
-
-// Outcome of an action; free with [`belayer_exec_result_free`].
-typedef struct BelayerExecResult {
-  // Exit code; 128 + signal when killed by a signal.
-  int32_t exit_code;
-  // Terminating signal, 0 when none.
-  int32_t signal;
-  // True when the timeout killed the action.
-  bool timed_out;
-  // True when stdout or stderr was cut at the output limit.
-  bool truncated;
-  // Wall-clock duration, milliseconds.
-  double duration_ms;
-  // Captured stdout.
-  struct BelayerBuf stdout_buf;
-  // Captured stderr.
-  struct BelayerBuf stderr_buf;
-} BelayerExecResult;
 
 #ifdef __cplusplus
 extern "C" {
@@ -512,6 +569,49 @@ void belayer_event_free(struct BelayerEvent *event);
 // Errors: `BELAYER_E_BAD_HANDLE` for an unknown or already closed handle.
 // Thread-safety: any thread.
 int belayer_unsubscribe(BelayerSubscription subscription);
+
+// Runs one action, `command` with `/bin/sh -c`, in sandbox `id`, killed after `timeout_ms`
+// milliseconds (0: no timeout); stores the outcome in `*out` (free with
+// [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of the call.
+// The same as [`belayer_exec_with`] with only a timeout.
+//
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` and `command` are NUL-terminated strings; `out` is a valid pointer to write to.
+int belayer_exec(BelayerClient client,
+                 const char *id,
+                 const char *command,
+                 uint64_t timeout_ms,
+                 struct BelayerExecResult *out);
+
+// Runs one action, `command` with `/bin/sh -c`, in sandbox `id` with the options `*opts`
+// (NULL: all defaults, as [`belayer_exec`] without a timeout); stores the outcome in `*out`
+// (free with [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of
+// the call.
+//
+// Errors: `BELAYER_E_INVALID_ARGUMENT` for a null `id`, `command` or `out`, an env entry that
+// is NULL, not UTF-8 or not `KEY=VALUE` with a non-empty KEY, a NULL `env` or `stdin_data`
+// with a non-zero count; daemon codes (`BELAYER_E_BAD_REQUEST` for a relative cwd or stdin
+// over the daemon's bound, `BELAYER_E_INVALID_STATE` for a sandbox that is not running, ...).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` and `command` are NUL-terminated strings; `opts` is NULL or a valid pointer whose
+// `cwd` is NULL or a NUL-terminated string, whose `env` points at `env_len` NUL-terminated
+// strings (or is NULL with `env_len` 0) and whose `stdin_data` points at `stdin_len`
+// readable bytes (or is NULL with `stdin_len` 0); `out` is a valid pointer to write to.
+int belayer_exec_with(BelayerClient client,
+                      const char *id,
+                      const char *command,
+                      const struct BelayerExecOptions *opts,
+                      struct BelayerExecResult *out);
+
+// Frees the buffers of `*result` and zeroes it. NULL is ignored.
+//
+// # Safety
+// `result` is null or points at a struct filled by this library (or zeroed).
+void belayer_exec_result_free(struct BelayerExecResult *result);
 
 // The ABI version of the loaded library ([`BELAYER_ABI_VERSION`] of its build).
 //
@@ -740,26 +840,6 @@ void belayer_sandbox_info_free(struct BelayerSandboxInfo *info);
 // `id` is a NUL-terminated string.
 int belayer_sandbox_destroy(BelayerClient client,
                             const char *id);
-
-// Runs one action, `command` with `/bin/sh -c`, in sandbox `id`, killed after `timeout_ms`
-// milliseconds (0: no timeout); stores the outcome in `*out` (free with
-// [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of the call.
-//
-// Thread-safety: any thread; serialized per client.
-//
-// # Safety
-// `id` and `command` are NUL-terminated strings; `out` is a valid pointer to write to.
-int belayer_exec(BelayerClient client,
-                 const char *id,
-                 const char *command,
-                 uint64_t timeout_ms,
-                 struct BelayerExecResult *out);
-
-// Frees the buffers of `*result` and zeroes it. NULL is ignored.
-//
-// # Safety
-// `result` is null or points at a struct filled by this library (or zeroed).
-void belayer_exec_result_free(struct BelayerExecResult *result);
 
 // The last error message of this thread (empty when none), valid until the next failing
 // call on this thread. Never null.

@@ -5,7 +5,7 @@
 //! memory-server functions too (`belayer_mem_*`, `belayer_placeholder_*`,
 //! `belayer_gpu_health_check`, module `memory`), so one library serves both. Modules, one per
 //! resource: `status` (status codes, the per-thread last error, the panic guard), `types`,
-//! `handles`, `convert`, `library`, `connection`, `sandbox`, `checkpoint`, `context`, `events`,
+//! `handles`, `convert`, `library`, `connection`, `sandbox`, `exec`, `checkpoint`, `context`, `events`,
 //! `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
 //! `BELAYER_BLESS=1 cargo test -p belayer-capi --test header` rewrites it).
 //!
@@ -49,7 +49,7 @@ pub use memory::*;
 
 /// Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
 /// with [`belayer_abi_version`] at run time to detect a header/library mismatch.
-pub const BELAYER_ABI_VERSION: u32 = 1;
+pub const BELAYER_ABI_VERSION: u32 = 2;
 
 /// Default socket of `belayerd` (used when a socket path argument is NULL).
 pub const BELAYER_DEFAULT_SOCKET: &str = "/run/belayer/belayer.sock";
@@ -83,6 +83,7 @@ mod connection;
 mod context;
 mod convert;
 mod events;
+mod exec;
 mod handles;
 mod library;
 mod memory;
@@ -95,6 +96,7 @@ pub use connection::*;
 pub use context::*;
 pub use convert::status_of;
 pub use events::*;
+pub use exec::*;
 pub use library::*;
 pub use sandbox::*;
 pub use types::*;

@@ -1,7 +1,7 @@
-//! Images, sandboxes and actions: import, create, inspect, destroy, exec.
+//! Images and sandboxes: import, create, inspect, destroy (actions: [`crate::exec`]).
 
 use crate::status::{guard, text, writable};
-use belayer_ipc::{ExecRequest, Request, Response, SandboxSpec};
+use belayer_ipc::{Request, Response, SandboxSpec};
 use std::ffi::{c_char, c_int};
 
 use crate::convert::*;
@@ -171,69 +171,4 @@ pub unsafe extern "C" fn belayer_sandbox_destroy(
             other => Err(unexpected("sandbox destroy", &other)),
         }
     })
-}
-
-/// Runs one action, `command` with `/bin/sh -c`, in sandbox `id`, killed after `timeout_ms`
-/// milliseconds (0: no timeout); stores the outcome in `*out` (free with
-/// [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of the call.
-///
-/// Thread-safety: any thread; serialized per client.
-///
-/// # Safety
-/// `id` and `command` are NUL-terminated strings; `out` is a valid pointer to write to.
-#[no_mangle]
-pub unsafe extern "C" fn belayer_exec(
-    client: BelayerClient,
-    id: *const c_char,
-    command: *const c_char,
-    timeout_ms: u64,
-    out: *mut BelayerExecResult,
-) -> c_int {
-    guard(|| {
-        // SAFETY: forwarded from this function's contract.
-        let (id, command, out) = unsafe {
-            (
-                text(id, "id")?,
-                text(command, "command")?,
-                writable(out, "out")?,
-            )
-        };
-        // SAFETY: `out` is valid for writes; the old content may be garbage, so no drop.
-        unsafe { std::ptr::write(out, BelayerExecResult::EMPTY) };
-        let req = ExecRequest {
-            id: id.to_owned(),
-            argv: vec![command.to_owned()],
-            timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
-            ..Default::default()
-        };
-        match call(client, Request::Exec(req))? {
-            Response::Exec(r) => {
-                *out = BelayerExecResult {
-                    exit_code: r.exit_code,
-                    signal: r.signal.unwrap_or(0),
-                    timed_out: r.timed_out,
-                    truncated: r.truncated,
-                    duration_ms: r.duration_ms,
-                    stdout_buf: buf(r.stdout),
-                    stderr_buf: buf(r.stderr),
-                };
-                Ok(())
-            }
-            other => Err(unexpected("exec", &other)),
-        }
-    })
-}
-
-/// Frees the buffers of `*result` and zeroes it. NULL is ignored.
-///
-/// # Safety
-/// `result` is null or points at a struct filled by this library (or zeroed).
-#[no_mangle]
-pub unsafe extern "C" fn belayer_exec_result_free(result: *mut BelayerExecResult) {
-    // SAFETY: forwarded from this function's contract (null allowed).
-    if let Some(r) = unsafe { result.as_mut() } {
-        r.stdout_buf.release();
-        r.stderr_buf.release();
-        *r = BelayerExecResult::EMPTY;
-    }
 }

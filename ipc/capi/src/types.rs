@@ -34,8 +34,45 @@ pub struct BelayerExecResult {
     pub duration_ms: f64,
     /// Captured stdout.
     pub stdout_buf: BelayerBuf,
-    /// Captured stderr.
+    /// Captured stderr (empty when the options merged it into stdout).
     pub stderr_buf: BelayerBuf,
+    /// `BELAYER_INFRA_FAULT_*`: an infrastructure failure hit the action (its output is not
+    /// the task's own behaviour; recover instead); `BELAYER_INFRA_FAULT_NONE` (0) when none.
+    pub infra_fault: c_int,
+    /// Host pid of the process the fault hit, -1 when unknown or no fault.
+    pub infra_fault_pid: i32,
+    /// The fault's killing signal, 0 when unknown or no fault.
+    pub infra_fault_signal: i32,
+    /// `BELAYER_DIRTY_*`: whether the action changed the sandbox (-1 unknown, 0 clean,
+    /// 1 changed).
+    pub dirty: c_int,
+}
+
+/// Options of [`belayer_exec_with`]; zero (all fields 0 or NULL) means every default.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BelayerExecOptions {
+    /// Working directory inside the sandbox, an absolute path; NULL: `/`.
+    pub cwd: *const c_char,
+    /// Extra environment: `env_len` NUL-terminated `KEY=VALUE` strings (KEY non-empty, split
+    /// at the first `=`); NULL when `env_len` is 0.
+    pub env: *const *const c_char,
+    /// Number of entries of `env`.
+    pub env_len: usize,
+    /// Timeout in milliseconds; on expiry the action's process group is killed. 0: none (the
+    /// daemon's default, if it has one).
+    pub timeout_ms: u64,
+    /// Bytes kept of stdout and of stderr (of the merged stream with `merge_stderr`); 0: the
+    /// daemon's default.
+    pub output_limit: u64,
+    /// Stdout and stderr are one ordered stream, as on a terminal: everything comes back in
+    /// `stdout_buf`, `stderr_buf` is empty.
+    pub merge_stderr: bool,
+    /// Bytes fed to the action's stdin (`stdin_len` of them; the daemon bounds them, by
+    /// default at 1 MiB); NULL when `stdin_len` is 0 (stdin reads end of file at once).
+    pub stdin_data: *const u8,
+    /// Number of bytes at `stdin_data`.
+    pub stdin_len: usize,
 }
 
 /// A sandbox; free with [`belayer_sandbox_info_free`].

@@ -195,3 +195,79 @@ fn handles_work_from_several_threads() {
     }
     assert_eq!(belayer_close(client), BELAYER_OK);
 }
+
+#[test]
+fn exec_result_keeps_the_layout_of_its_first_fields() {
+    use std::mem::offset_of;
+    // The fields of ABI version 1 stay where they were; new ones come after them.
+    assert_eq!(offset_of!(BelayerExecResult, exit_code), 0);
+    assert_eq!(offset_of!(BelayerExecResult, signal), 4);
+    assert_eq!(offset_of!(BelayerExecResult, timed_out), 8);
+    assert_eq!(offset_of!(BelayerExecResult, truncated), 9);
+    assert_eq!(offset_of!(BelayerExecResult, duration_ms), 16);
+    assert_eq!(offset_of!(BelayerExecResult, stdout_buf), 24);
+    assert_eq!(offset_of!(BelayerExecResult, stderr_buf), 40);
+    assert!(offset_of!(BelayerExecResult, infra_fault) >= 56);
+    assert!(offset_of!(BelayerExecResult, dirty) > offset_of!(BelayerExecResult, infra_fault));
+}
+
+#[test]
+fn bad_exec_options_are_invalid_arguments_before_any_request() {
+    let no_env = BelayerExecOptions {
+        cwd: ptr::null(),
+        env: ptr::null(),
+        env_len: 0,
+        timeout_ms: 0,
+        output_limit: 0,
+        merge_stderr: false,
+        stdin_data: ptr::null(),
+        stdin_len: 0,
+    };
+    let cases: [(Vec<&std::ffi::CStr>, &str); 3] = [
+        (vec![c"=x"], "opts.env[0]"),
+        (vec![c"A=1", c"NOVALUE"], "opts.env[1]"),
+        (vec![c""], "opts.env[0]"),
+    ];
+    for (env, needle) in cases {
+        let ptrs: Vec<*const c_char> = env.iter().map(|s| s.as_ptr()).collect();
+        let opts = BelayerExecOptions {
+            env: ptrs.as_ptr(),
+            env_len: ptrs.len(),
+            ..no_env
+        };
+        // SAFETY: valid strings, options and out-pointer; the result is freed.
+        unsafe {
+            let mut out = std::mem::zeroed::<BelayerExecResult>();
+            // A made-up handle: the options are checked before the handle is used.
+            let rc = belayer_exec_with(99, c"sb".as_ptr(), c"true".as_ptr(), &opts, &mut out);
+            assert_eq!(rc, BELAYER_E_INVALID_ARGUMENT, "{needle}");
+            assert!(last_error().contains(needle), "{}", last_error());
+            assert_eq!(out.dirty, BELAYER_DIRTY_UNKNOWN);
+            belayer_exec_result_free(&mut out);
+        }
+    }
+    for (opts, needle) in [
+        (
+            BelayerExecOptions {
+                env_len: 2,
+                ..no_env
+            },
+            "opts.env",
+        ),
+        (
+            BelayerExecOptions {
+                stdin_len: 5,
+                ..no_env
+            },
+            "opts.stdin_data",
+        ),
+    ] {
+        // SAFETY: the null pointers with non-zero counts are what is tested.
+        unsafe {
+            let mut out = std::mem::zeroed::<BelayerExecResult>();
+            let rc = belayer_exec_with(99, c"sb".as_ptr(), c"true".as_ptr(), &opts, &mut out);
+            assert_eq!(rc, BELAYER_E_INVALID_ARGUMENT);
+            assert!(last_error().contains(needle), "{}", last_error());
+        }
+    }
+}

@@ -39,12 +39,13 @@ fn checked_in_header_matches_the_sources() {
 #[test]
 fn header_declares_the_abi_version_and_every_exported_function() {
     let generated = generate();
-    assert!(generated.contains("#define BELAYER_ABI_VERSION 1"));
+    assert!(generated.contains("#define BELAYER_ABI_VERSION 2"));
     for f in [
         "belayer_abi_version",
         "belayer_last_error",
         "belayer_connect",
         "belayer_exec",
+        "belayer_exec_with",
         "belayer_checkpoint",
         "belayer_maybe_checkpoint",
         "belayer_restore",

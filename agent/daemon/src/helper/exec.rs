@@ -7,7 +7,12 @@
 //! namespace (becoming the sandbox's root, unless the sandbox runs with `--userns=host`),
 //! leads a new session (so a timeout can kill the action's whole process group), takes stdin
 //! from the sandbox's own `/dev/null` (if it is still the null device, else an empty pipe:
-//! [`sandbox_stdin`]), keeps the stdout/stderr memfds the agent gave it,
+//! [`sandbox_stdin`]) or, with `--stdin copy`, from a sealed memfd: the helper creates it and
+//! its read-only twin before it enters the mount namespace, and the child, once in the
+//! sandbox's cgroup (the copy is charged to the sandbox), copies the agent's stdin memfd (the
+//! helper's fd 0) into it, gives it to `--stdin-owner`, seals it and takes the twin as fd 0
+//! ([`crate::sys::SealableMemfd`]); it keeps the stdout/stderr memfds the agent gave it (one
+//! memfd as both when the request merges them),
 //! drops to the container capability set with `no_new_privs`, and executes the sandbox's
 //! `/bin/sh -c CMD` opened beneath the sandbox root ([`super::finish`]). Background processes
 //! it starts are re-parented to the sandbox init when the shell exits and keep running.
@@ -108,6 +113,14 @@ struct Entry {
     cgroup_procs: Vec<OwnedFd>,
     cgroupns: OwnedFd,
     userns: Option<OwnedFd>,
+    /// The action's stdin, when the request has bytes for it.
+    stdin: Option<StdinCopy>,
+}
+
+/// The sealed memfd the action's stdin bytes are copied into, and its owner (host uid).
+struct StdinCopy {
+    memfd: sys::SealableMemfd,
+    owner: Option<u32>,
 }
 
 fn open_ns(pid: i32, name: &str) -> Result<OwnedFd, ExecHelperError> {
@@ -129,6 +142,20 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
     let timeout_ms: Option<u64> = args.one("--timeout-ms").and_then(|s| s.parse().ok());
     let cwd = args.one("--cwd").unwrap_or("/");
     let private_userns = args.one("--userns").unwrap_or("private") != "host";
+    let stdin = match args.one("--stdin") {
+        None => None,
+        Some("copy") => Some(StdinCopy {
+            memfd: sys::SealableMemfd::create("belayer-stdin")?,
+            owner: match args.one("--stdin-owner") {
+                None => None,
+                Some(s) => Some(
+                    s.parse()
+                        .map_err(|_| ExecHelperError::BadArgument("--stdin-owner"))?,
+                ),
+            },
+        }),
+        Some(_) => return Err(ExecHelperError::BadArgument("--stdin")),
+    };
     let command = args
         .rest()
         .first()
@@ -156,6 +183,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
     let entry = Entry {
         cgroupns: open_ns(pid, "cgroup")?,
         userns: private_userns.then(|| open_ns(pid, "user")).transpose()?,
+        stdin,
         cgroup_procs: args
             .all("--procs")
             .into_iter()
@@ -276,15 +304,32 @@ fn action(
         }
         setns(entry.cgroupns.as_fd(), CloneFlags::CLONE_NEWCGROUP)
             .map_err(|e| SyscallError::new("setns", "cgroup", e))?;
+        // In the sandbox's cgroup, still host root: the copy is charged to the sandbox, and
+        // its source is the agent's memfd (fd 0), which never blocks.
+        let stdin = match &entry.stdin {
+            Some(s) => {
+                // SAFETY: with `--stdin copy`, fd 0 is the agent's stdin memfd (passed as the
+                // helper's stdin); nothing closes it before the dup2 below.
+                let source = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+                Some(s.memfd.fill_and_seal(source, s.owner)?)
+            }
+            None => None,
+        };
         if let Some(userns) = &entry.userns {
             super::init::enter_userns(userns.as_fd())?;
         }
         // The new session and process group are numbered after us: `pid` (reported above).
         setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
-        let null = sandbox_stdin()?;
-        // SAFETY: dup2 onto stdin; `null` stays open during the call.
-        if unsafe { libc::dup2(null.as_raw_fd(), 0) } < 0 {
-            return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
+        let null = match stdin {
+            Some(_) => None,
+            None => Some(sandbox_stdin()?),
+        };
+        let input = stdin.or(null.as_ref().map(AsFd::as_fd));
+        if let Some(input) = input {
+            // SAFETY: dup2 onto stdin; `input` stays open during the call.
+            if unsafe { libc::dup2(input.as_raw_fd(), 0) } < 0 {
+                return Err(SyscallError::new("dup2", "0", nix::errno::Errno::last()));
+            }
         }
         drop(null);
         chdir(cwd).map_err(|e| SyscallError::new("chdir", cwd, e))?;

@@ -1,7 +1,14 @@
 //! `exec`: one action (a shell command) inside a sandbox.
 //!
 //! The action runs through the `exec` helper ([`crate::helper::exec`]); its stdout and stderr go
-//! to two memfds that the agent reads after the shell exits (bounded by the output limit).
+//! to two memfds that the agent reads after the shell exits (bounded by the output limit), or
+//! to one memfd given as both fd 1 and fd 2 when the request merges them (one open file
+//! description: both share its offset, so the order of writes is kept as on a terminal). Bytes
+//! for the action's stdin (at most [`stdin_limit`]) go to the helper in a memfd of the agent's;
+//! the action process copies them, once it sits in the sandbox's cgroup (so the copy is charged
+//! to the sandbox, however long background processes keep it), into a sealed memfd whose
+//! read-only twin becomes its stdin ([`sys::SealableMemfd`]): the sandbox can neither change
+//! what it reads nor grow it.
 //! Processes the action leaves in the background keep running inside the sandbox.
 
 use std::fs;
@@ -32,6 +39,14 @@ pub enum ExecError {
     /// The request is malformed.
     #[error("invalid exec request: {0}")]
     Invalid(String),
+    /// The request's stdin is over the daemon's bound ([`stdin_limit`]).
+    #[error("exec stdin of {bytes} bytes is over the limit of {limit} bytes")]
+    StdinTooLarge {
+        /// Bytes sent.
+        bytes: u64,
+        /// The bound.
+        limit: u64,
+    },
     /// The sandbox is not running (failed, or being restored).
     #[error("sandbox {id} is {state}: restore it first")]
     NotRunning {
@@ -66,7 +81,7 @@ impl ExecError {
     /// Protocol error code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            ExecError::Invalid(_) => ErrorCode::BadRequest,
+            ExecError::Invalid(_) | ExecError::StdinTooLarge { .. } => ErrorCode::BadRequest,
             ExecError::NotRunning { .. } => ErrorCode::InvalidState,
             _ => ErrorCode::ExecFailed,
         }
@@ -74,6 +89,16 @@ impl ExecError {
 }
 
 pub use belayer_ipc::command_line;
+
+/// The most stdin bytes an action may get: the daemon's output limit, and no more than a
+/// quarter of the frame maximum (like each output stream). The agent's copy lives for the
+/// verb; the sandbox's (charged to its cgroup) as long as the action or a background process of
+/// it keeps it open.
+pub fn stdin_limit(config: &crate::config::Config) -> u64 {
+    config
+        .output_limit_bytes
+        .min(u64::from(config.max_frame_bytes) / 4)
+}
 
 /// Runs `req` in the sandbox of `slot`. Holds the sandbox's verb lock for the whole action.
 pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecResult, ExecError> {
@@ -93,6 +118,13 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         .is_some_and(|c| c.contains('\0') || !c.starts_with('/'))
     {
         return Err(ExecError::Invalid("cwd must be an absolute path".into()));
+    }
+    let stdin_max = stdin_limit(&rt.config);
+    if req.stdin.len() as u64 > stdin_max {
+        return Err(ExecError::StdinTooLarge {
+            bytes: req.stdin.len() as u64,
+            limit: stdin_max,
+        });
     }
     let _op = slot.lock_op();
     slot.drain_outputs();
@@ -130,15 +162,29 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     let before = slot.changes.begin_action();
 
     let stdout = sys::memfd("belayer-stdout")?;
-    let stderr = sys::memfd("belayer-stderr")?;
-    if let Some(range) = rec.userns {
+    // Merged: stderr is the same open file description as stdout (one offset, one order).
+    let stderr = if req.merge_stderr {
+        None
+    } else {
+        Some(sys::memfd("belayer-stderr")?)
+    };
+    let owner = rec.userns.map(|range| range.host_base);
+    if let Some(id) = owner {
         // Background processes keep these: owned by the sandbox's root, they are files of
         // the sandbox like any other (CRIU restores their owner inside its namespace).
-        for f in [&stdout, &stderr] {
-            std::os::unix::fs::fchown(f, Some(range.host_base), Some(range.host_base))
+        for f in std::iter::once(&stdout).chain(stderr.as_ref()) {
+            std::os::unix::fs::fchown(f, Some(id), Some(id))
                 .map_err(|e| SyscallError::io("fchown", "output memfd", e))?;
         }
     }
+    let stdin = if req.stdin.is_empty() {
+        None
+    } else {
+        let f = sys::memfd("belayer-stdin-source")?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &req.stdin, 0)
+            .map_err(|e| SyscallError::io("pwrite", "stdin memfd", e))?;
+        Some(f)
+    };
     let (status_rd, status_wr): (OwnedFd, OwnedFd) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| SyscallError::io("pipe2", "exec status", e.into()))?;
@@ -160,6 +206,12 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         .arg(req.cwd.as_deref().unwrap_or("/"))
         .arg("--status-fd")
         .arg(STATUS_FD.to_string());
+    if stdin.is_some() {
+        cmd.arg("--stdin").arg("copy");
+        if let Some(id) = owner {
+            cmd.arg("--stdin-owner").arg(id.to_string());
+        }
+    }
     if let Some(t) = timeout_ms {
         cmd.arg("--timeout-ms").arg(t.to_string());
     }
@@ -176,9 +228,13 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         id: rec.id.clone(),
         source,
     };
-    cmd.stdin(Stdio::null())
+    let stderr_fd = match &stderr {
+        Some(f) => f.try_clone(),
+        None => stdout.try_clone(),
+    };
+    cmd.stdin(stdin.map_or_else(Stdio::null, Stdio::from))
         .stdout(stdout.try_clone().map_err(helper_err)?)
-        .stderr(stderr.try_clone().map_err(helper_err)?);
+        .stderr(stderr_fd.map_err(helper_err)?);
     let wr = status_wr.as_raw_fd();
     // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
     // async-signal-safe; `wr` stays open in the parent until spawn returns.
@@ -224,9 +280,14 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
 
     slot.changes.end_action(before, verdict.dirty);
     let (out, t1) = read_bounded(&stdout, limit).map_err(helper_err)?;
-    let (err, t2) = read_bounded(&stderr, limit).map_err(helper_err)?;
+    let (err, t2) = match &stderr {
+        Some(f) => read_bounded(f, limit).map_err(helper_err)?,
+        None => (Vec::new(), false),
+    };
     slot.keep_output(stdout);
-    slot.keep_output(stderr);
+    if let Some(f) = stderr {
+        slot.keep_output(f);
+    }
     tracing::debug!(sandbox = %rec.id, exit = status.exit_code, duration_ms, dirty = ?verdict.dirty, "action finished");
     Ok(ExecResult {
         exit_code: status.exit_code,
@@ -317,6 +378,43 @@ mod tests {
         assert_eq!(status.exit_code, 0);
         assert!(action_status("", std::process::ExitStatus::from_raw(0)).is_err());
         assert!(action_status("error=boom", killed).is_err());
+    }
+
+    #[test]
+    fn stdin_is_bounded_by_the_output_limit_and_the_frame() {
+        let mut config = crate::config::Config {
+            output_limit_bytes: 1 << 30,
+            ..Default::default()
+        };
+        assert_eq!(stdin_limit(&config), u64::from(config.max_frame_bytes) / 4);
+        config.output_limit_bytes = 10;
+        assert_eq!(stdin_limit(&config), 10);
+    }
+
+    #[test]
+    fn sealed_stdin_cannot_change() {
+        use std::io::{Seek, Write};
+        use std::os::fd::AsFd;
+        let src = sys::memfd("src").unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&src, b"in\0put", 0).unwrap();
+        let memfd = sys::SealableMemfd::create("t").unwrap();
+        let reader = memfd.fill_and_seal(src.as_fd(), None).unwrap();
+        let mut f = fs::File::from(reader.try_clone_to_owned().unwrap());
+        drop(memfd);
+        let mut got = Vec::new();
+        (&f).read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"in\0put");
+        assert!((&f).write_all(b"x").is_err(), "read-only description");
+        let path = format!("/proc/self/fd/{}", f.as_raw_fd());
+        let reopened = fs::OpenOptions::new().write(true).open(&path);
+        if let Ok(mut w) = reopened {
+            assert!(w.write_all(b"x").is_err(), "write sealed");
+            assert!(w.set_len(0).is_err(), "shrink sealed");
+        }
+        f.rewind().unwrap();
+        got.clear();
+        f.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"in\0put");
     }
 
     #[test]

@@ -116,6 +116,25 @@ int main(int argc, char **argv) {
     CHECK(r.exit_code == 0);
     CHECK(r.stdout_buf.len == 4 && memcmp(r.stdout_buf.data, "out\n", 4) == 0);
     CHECK(r.stderr_buf.len == 4 && memcmp(r.stderr_buf.data, "err\n", 4) == 0);
+    CHECK(r.infra_fault == BELAYER_INFRA_FAULT_NONE);
+    CHECK(r.dirty != BELAYER_DIRTY_CLEAN);
+    belayer_exec_result_free(&r);
+
+    /* An action with options: stdin, env, cwd, stdout and stderr merged. It changes nothing. */
+    const char *env[] = {"WHO=c"};
+    BelayerExecOptions opts = {0};
+    opts.cwd = "/tmp";
+    opts.env = env;
+    opts.env_len = 1;
+    opts.timeout_ms = 30000;
+    opts.merge_stderr = true;
+    opts.stdin_data = (const uint8_t *)"in\0put";
+    opts.stdin_len = 6;
+    OK(belayer_exec_with(client, id, "pwd; echo $WHO >&2; cat", &opts, &r));
+    CHECK(r.exit_code == 0);
+    CHECK(r.stdout_buf.len == 13 && memcmp(r.stdout_buf.data, "/tmp\nc\nin\0put", 13) == 0);
+    CHECK(r.stderr_buf.len == 0);
+    CHECK(r.dirty != BELAYER_DIRTY_CHANGED);
     belayer_exec_result_free(&r);
     OK(belayer_exec(client, id, "echo two >> /root/state; exit 3", 30000, &r));
     CHECK(r.exit_code == 3);

@@ -139,6 +139,18 @@ pub(super) fn all_requests() -> Vec<Request> {
             timeout_ms: Some(5_000),
             env: vec![],
             output_limit: Some(4096),
+            stdin: Vec::new(),
+            merge_stderr: false,
+        }),
+        Request::Exec(ExecRequest {
+            id: "sb-1".to_owned(),
+            argv: vec!["cat".to_owned(), "-".to_owned()],
+            cwd: None,
+            timeout_ms: None,
+            env: vec![("LANG".to_owned(), "C".to_owned())],
+            output_limit: None,
+            stdin: vec![0, 1, 0xff, b'\n', 0],
+            merge_stderr: true,
         }),
         Request::Checkpoint(CheckpointRequest {
             id: "sb-1".to_owned(),
