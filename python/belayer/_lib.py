@@ -30,7 +30,7 @@ from typing import List, Optional
 from .errors import LibraryNotFoundError, UntrustedLibraryError
 
 #: The ABI version these bindings were written for (``BELAYER_ABI_VERSION`` of ``belayer.h``).
-ABI_VERSION = 2
+ABI_VERSION = 1
 
 LIBRARY_FILE = "libbelayer.so"
 
@@ -52,6 +52,13 @@ class ExecResult(Structure):
         ("duration_ms", c_double),
         ("stdout_buf", Buf),
         ("stderr_buf", Buf),
+    ]
+
+
+class ExecVerdict(Structure):
+    """``BelayerExecVerdict``."""
+
+    _fields_ = [
         ("infra_fault", c_int),
         ("infra_fault_pid", c_int32),
         ("infra_fault_signal", c_int32),
@@ -68,7 +75,7 @@ class ExecOptions(Structure):
         ("env_len", c_size_t),
         ("timeout_ms", c_uint64),
         ("output_limit", c_uint64),
-        ("merge_stderr", c_bool),
+        ("merge_stderr", c_uint32),
         ("stdin_data", POINTER(c_uint8)),
         ("stdin_len", c_size_t),
     ]
@@ -350,7 +357,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         "belayer_sandbox_destroy": ([client, c_char_p], c_int),
         "belayer_exec": ([client, c_char_p, c_char_p, c_uint64, POINTER(ExecResult)], c_int),
         "belayer_exec_with": (
-            [client, c_char_p, c_char_p, POINTER(ExecOptions), POINTER(ExecResult)],
+            [
+                client,
+                c_char_p,
+                c_char_p,
+                POINTER(ExecOptions),
+                POINTER(ExecResult),
+                POINTER(ExecVerdict),
+            ],
             c_int,
         ),
         "belayer_exec_result_free": ([POINTER(ExecResult)], None),

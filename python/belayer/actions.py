@@ -86,16 +86,23 @@ class Options:
         merge_stderr: bool,
         stdin: Optional[bytes],
     ) -> None:
-        if timeout_ms < 0:
-            raise ValueError("timeout_ms must not be negative")
-        if output_limit is not None and output_limit <= 0:
-            raise ValueError("output_limit must be positive (None: the daemon's default)")
+        if not 0 <= timeout_ms < 2**64:
+            raise ValueError("timeout_ms must be in 0..2**64 (0: none)")
+        if output_limit is not None and not 0 < output_limit < 2**64:
+            raise ValueError("output_limit must be in 1..2**64 (None: the daemon's default)")
+        if stdin is not None and not isinstance(stdin, (bytes, bytearray, memoryview)):
+            raise ValueError(f"stdin must be bytes, not {type(stdin).__name__}")
+        if cwd is not None and b"\0" in _encode(cwd):
+            raise ValueError("cwd must not contain NUL")
         entries: List[bytes] = []
         for key, value in (env or {}).items():
             k = _encode(key)
-            if not k or b"=" in k:
-                raise ValueError(f"env key {key!r} must be non-empty and without '='")
-            entries.append(k + b"=" + _encode(value))
+            if not k or b"=" in k or b"\0" in k:
+                raise ValueError(f"env key {key!r} must be non-empty and without '=' or NUL")
+            v = _encode(value)
+            if b"\0" in v:
+                raise ValueError(f"env value of {key!r} must not contain NUL")
+            entries.append(k + b"=" + v)
         self._env = (ctypes.c_char_p * max(len(entries), 1))(*entries)
         data = bytes(stdin or b"")
         self._stdin = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
@@ -105,20 +112,21 @@ class Options:
             env_len=len(entries),
             timeout_ms=timeout_ms,
             output_limit=output_limit or 0,
-            merge_stderr=merge_stderr,
+            merge_stderr=1 if merge_stderr else 0,
             stdin_data=ctypes.cast(self._stdin, ctypes.POINTER(ctypes.c_uint8)),
             stdin_len=len(data),
         )
 
 
-def result(r: Any) -> ExecResult:
-    """The :class:`ExecResult` of a filled ``BelayerExecResult`` (copies its buffers)."""
+def result(r: Any, v: Any) -> ExecResult:
+    """The :class:`ExecResult` of a filled ``BelayerExecResult`` and ``BelayerExecVerdict``
+    (copies the buffers)."""
     fault = None
-    if r.infra_fault:
+    if v.infra_fault:
         fault = InfraFault(
-            kind=INFRA_FAULT_KINDS.get(r.infra_fault, "unknown"),
-            pid=r.infra_fault_pid if r.infra_fault_pid >= 0 else None,
-            signal=r.infra_fault_signal or None,
+            kind=INFRA_FAULT_KINDS.get(v.infra_fault, "unknown"),
+            pid=v.infra_fault_pid if v.infra_fault_pid >= 0 else None,
+            signal=v.infra_fault_signal or None,
         )
     return ExecResult(
         exit_code=r.exit_code,
@@ -129,5 +137,5 @@ def result(r: Any) -> ExecResult:
         stdout=_lib.buf_bytes(r.stdout_buf),
         stderr=_lib.buf_bytes(r.stderr_buf),
         infra_fault=fault,
-        dirty=None if r.dirty < 0 else bool(r.dirty),
+        dirty=None if v.dirty < 0 else bool(v.dirty),
     )

@@ -297,17 +297,19 @@ class Client(_Handle):
                 at 1 MiB: :class:`BadRequestError` beyond); ``None``: end of file at once.
 
         Raises:
-            ValueError: a bad ``env`` key, a negative timeout or a non-positive limit.
+            ValueError: a bad ``env`` entry, a NUL in ``cwd`` or ``env``, ``stdin`` that is not
+                bytes, a timeout or limit out of range.
         """
         opts = Options(timeout_ms, cwd, env, output_limit, merge_stderr, stdin)
         r = _lib.ExecResult()
+        v = _lib.ExecVerdict()
         try:
             _check(
                 self._lib.belayer_exec_with(
-                    self._handle, _c(id), _c(command), byref(opts.struct), byref(r)
+                    self._handle, _c(id), _c(command), byref(opts.struct), byref(r), byref(v)
                 )
             )
-            return result(r)
+            return result(r, v)
         finally:
             self._lib.belayer_exec_result_free(byref(r))
 

@@ -40,6 +40,17 @@ def test_bad_options_raise(client: belayer.Client) -> None:
                 sb.exec("true", env=env)
         with pytest.raises(ValueError):
             sb.exec("true", output_limit=0)
+        # Values the C types would wrap or cut, and stdin that is not bytes.
+        for bad in (
+            {"timeout_ms": 2**64},
+            {"output_limit": 2**64 + 5},
+            {"stdin": 5},
+            {"stdin": "text"},
+            {"cwd": "/tm\0p"},
+            {"env": {"A": "x\0y"}},
+        ):
+            with pytest.raises(ValueError):
+                sb.exec("true", **bad)  # type: ignore[arg-type]
         with pytest.raises(belayer.BadRequestError):
             sb.exec("true", cwd="relative")
         with pytest.raises(belayer.BadRequestError, match="stdin"):
@@ -52,11 +63,12 @@ def test_infra_fault_converts() -> None:
     from belayer.actions import result
 
     r = _lib.ExecResult()
-    r.infra_fault, r.infra_fault_pid, r.infra_fault_signal, r.dirty = 1, 42, 9, -1
-    out = result(r)
+    v = _lib.ExecVerdict()
+    v.infra_fault, v.infra_fault_pid, v.infra_fault_signal, v.dirty = 1, 42, 9, -1
+    out = result(r, v)
     assert out.infra_fault == belayer.InfraFault("external_kill", 42, 9)
     assert out.dirty is None
-    r.infra_fault, r.infra_fault_pid, r.infra_fault_signal, r.dirty = 3, -1, 0, 0
-    out = result(r)
+    v.infra_fault, v.infra_fault_pid, v.infra_fault_signal, v.dirty = 3, -1, 0, 0
+    out = result(r, v)
     assert out.infra_fault == belayer.InfraFault("sandbox_lost", None, None)
     assert out.dirty is False

@@ -86,11 +86,15 @@ pub struct SealableMemfd {
 impl SealableMemfd {
     /// Creates the empty memfd `name` and its read-only twin.
     pub fn create(name: &str) -> SysResult<SealableMemfd> {
+        use rustix::fs::MemfdFlags;
         use std::os::unix::fs::OpenOptionsExt;
-        let fd = rustix::fs::memfd_create(
-            name,
-            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
-        )
+        let flags = MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING;
+        // Not executable, and sealed so (Linux >= 6.3; older kernels refuse the flag, and
+        // hosts with vm.memfd_noexec = 2 refuse memfds without it).
+        let fd = match rustix::fs::memfd_create(name, flags | MemfdFlags::NOEXEC_SEAL) {
+            Err(rustix::io::Errno::INVAL) => rustix::fs::memfd_create(name, flags),
+            other => other,
+        }
         .map_err(|e| SyscallError::io("memfd_create", name, e.into()))?;
         let writer = fs::File::from(fd);
         let path = format!("/proc/self/fd/{}", writer.as_raw_fd());

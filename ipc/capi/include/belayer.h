@@ -30,7 +30,7 @@
 
 // Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
 // with [`belayer_abi_version`] at run time to detect a header/library mismatch.
-#define BELAYER_ABI_VERSION 2
+#define BELAYER_ABI_VERSION 1
 
 // Event kind: a sandbox lost its init or was killed from outside.
 #define BELAYER_EVENT_SANDBOX_FAILED 1
@@ -65,26 +65,26 @@
 // Decision reason: a reason this library does not know (newer daemon).
 #define BELAYER_REASON_UNKNOWN -1
 
-// `BelayerExecResult.infra_fault`: no infrastructure fault.
+// `BelayerExecVerdict.infra_fault`: no infrastructure fault.
 #define BELAYER_INFRA_FAULT_NONE 0
 
-// `BelayerExecResult.infra_fault`: a fatal signal sent from outside the sandbox reached one
+// `BelayerExecVerdict.infra_fault`: a fatal signal sent from outside the sandbox reached one
 // of its processes.
 #define BELAYER_INFRA_FAULT_EXTERNAL_KILL 1
 
-// `BelayerExecResult.infra_fault`: the OOM killer killed a process of the sandbox.
+// `BelayerExecVerdict.infra_fault`: the OOM killer killed a process of the sandbox.
 #define BELAYER_INFRA_FAULT_OOM 2
 
-// `BelayerExecResult.infra_fault`: the sandbox init died; the whole sandbox is gone.
+// `BelayerExecVerdict.infra_fault`: the sandbox init died; the whole sandbox is gone.
 #define BELAYER_INFRA_FAULT_SANDBOX_LOST 3
 
-// `BelayerExecResult.dirty`: the daemon cannot tell whether the action changed the sandbox.
+// `BelayerExecVerdict.dirty`: the daemon cannot tell whether the action changed the sandbox.
 #define BELAYER_DIRTY_UNKNOWN -1
 
-// `BelayerExecResult.dirty`: the action left the sandbox unchanged.
+// `BelayerExecVerdict.dirty`: the action left the sandbox unchanged.
 #define BELAYER_DIRTY_CLEAN 0
 
-// `BelayerExecResult.dirty`: the action changed the sandbox (files, processes).
+// `BelayerExecVerdict.dirty`: the action changed the sandbox (files, processes).
 #define BELAYER_DIRTY_CHANGED 1
 
 // Lease mode [`LeaseMode::Read`].
@@ -331,16 +331,6 @@ typedef struct BelayerExecResult {
   struct BelayerBuf stdout_buf;
   // Captured stderr (empty when the options merged it into stdout).
   struct BelayerBuf stderr_buf;
-  // `BELAYER_INFRA_FAULT_*`: an infrastructure failure hit the action (its output is not
-  // the task's own behaviour; recover instead); `BELAYER_INFRA_FAULT_NONE` (0) when none.
-  int infra_fault;
-  // Host pid of the process the fault hit, -1 when unknown or no fault.
-  int32_t infra_fault_pid;
-  // The fault's killing signal, 0 when unknown or no fault.
-  int32_t infra_fault_signal;
-  // `BELAYER_DIRTY_*`: whether the action changed the sandbox (-1 unknown, 0 clean,
-  // 1 changed).
-  int dirty;
 } BelayerExecResult;
 
 // Options of [`belayer_exec_with`]; zero (all fields 0 or NULL) means every default.
@@ -358,15 +348,31 @@ typedef struct BelayerExecOptions {
   // Bytes kept of stdout and of stderr (of the merged stream with `merge_stderr`); 0: the
   // daemon's default.
   uint64_t output_limit;
-  // Stdout and stderr are one ordered stream, as on a terminal: everything comes back in
-  // `stdout_buf`, `stderr_buf` is empty.
-  bool merge_stderr;
+  // Non-zero: stdout and stderr are one ordered stream, as on a terminal: everything comes
+  // back in `stdout_buf`, `stderr_buf` is empty. (An integer, not a bool: any bit pattern
+  // a caller writes is valid.)
+  uint32_t merge_stderr;
   // Bytes fed to the action's stdin (`stdin_len` of them; the daemon bounds them, by
   // default at 1 MiB); NULL when `stdin_len` is 0 (stdin reads end of file at once).
   const uint8_t *stdin_data;
   // Number of bytes at `stdin_data`.
   size_t stdin_len;
 } BelayerExecOptions;
+
+// What the daemon saw of an action besides its output ([`belayer_exec_with`]'s `verdict`):
+// plain values, nothing to free.
+typedef struct BelayerExecVerdict {
+  // `BELAYER_INFRA_FAULT_*`: an infrastructure failure hit the action (its output is not
+  // the task's own behaviour; recover instead); `BELAYER_INFRA_FAULT_NONE` (0) when none.
+  int infra_fault;
+  // Host pid of the process the fault hit, -1 when unknown or no fault.
+  int32_t infra_fault_pid;
+  // The fault's killing signal, 0 when unknown or no fault.
+  int32_t infra_fault_signal;
+  // `BELAYER_DIRTY_*`: whether the action changed the sandbox (-1 unknown, 0 clean,
+  // 1 changed).
+  int dirty;
+} BelayerExecVerdict;
 
 // A sandbox; free with [`belayer_sandbox_info_free`].
 typedef struct BelayerSandboxInfo {
@@ -587,8 +593,10 @@ int belayer_exec(BelayerClient client,
 
 // Runs one action, `command` with `/bin/sh -c`, in sandbox `id` with the options `*opts`
 // (NULL: all defaults, as [`belayer_exec`] without a timeout); stores the outcome in `*out`
-// (free with [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of
-// the call.
+// (free with [`belayer_exec_result_free`]) and, when `verdict` is not NULL, the
+// infrastructure fault and dirtiness in `*verdict` (`BELAYER_INFRA_FAULT_NONE`,
+// `BELAYER_DIRTY_UNKNOWN` when the call fails). A non-zero exit of the action is not a
+// failure of the call.
 //
 // Errors: `BELAYER_E_INVALID_ARGUMENT` for a null `id`, `command` or `out`, an env entry that
 // is NULL, not UTF-8 or not `KEY=VALUE` with a non-empty KEY, a NULL `env` or `stdin_data`
@@ -600,12 +608,14 @@ int belayer_exec(BelayerClient client,
 // `id` and `command` are NUL-terminated strings; `opts` is NULL or a valid pointer whose
 // `cwd` is NULL or a NUL-terminated string, whose `env` points at `env_len` NUL-terminated
 // strings (or is NULL with `env_len` 0) and whose `stdin_data` points at `stdin_len`
-// readable bytes (or is NULL with `stdin_len` 0); `out` is a valid pointer to write to.
+// readable bytes (or is NULL with `stdin_len` 0); `out` is a valid pointer to write to;
+// `verdict` is NULL or a valid pointer to write to.
 int belayer_exec_with(BelayerClient client,
                       const char *id,
                       const char *command,
                       const struct BelayerExecOptions *opts,
-                      struct BelayerExecResult *out);
+                      struct BelayerExecResult *out,
+                      struct BelayerExecVerdict *verdict);
 
 // Frees the buffers of `*result` and zeroes it. NULL is ignored.
 //

@@ -187,10 +187,6 @@ impl BelayerExecResult {
         duration_ms: 0.0,
         stdout_buf: BelayerBuf::EMPTY,
         stderr_buf: BelayerBuf::EMPTY,
-        infra_fault: 0,
-        infra_fault_pid: -1,
-        infra_fault_signal: 0,
-        dirty: -1,
     };
 }
 

@@ -9,21 +9,21 @@ use crate::convert::*;
 use crate::status::{guard, text, writable, Failure, BELAYER_E_INVALID_ARGUMENT};
 use crate::types::*;
 
-/// `BelayerExecResult.infra_fault`: no infrastructure fault.
+/// `BelayerExecVerdict.infra_fault`: no infrastructure fault.
 pub const BELAYER_INFRA_FAULT_NONE: c_int = 0;
-/// `BelayerExecResult.infra_fault`: a fatal signal sent from outside the sandbox reached one
+/// `BelayerExecVerdict.infra_fault`: a fatal signal sent from outside the sandbox reached one
 /// of its processes.
 pub const BELAYER_INFRA_FAULT_EXTERNAL_KILL: c_int = 1;
-/// `BelayerExecResult.infra_fault`: the OOM killer killed a process of the sandbox.
+/// `BelayerExecVerdict.infra_fault`: the OOM killer killed a process of the sandbox.
 pub const BELAYER_INFRA_FAULT_OOM: c_int = 2;
-/// `BelayerExecResult.infra_fault`: the sandbox init died; the whole sandbox is gone.
+/// `BelayerExecVerdict.infra_fault`: the sandbox init died; the whole sandbox is gone.
 pub const BELAYER_INFRA_FAULT_SANDBOX_LOST: c_int = 3;
 
-/// `BelayerExecResult.dirty`: the daemon cannot tell whether the action changed the sandbox.
+/// `BelayerExecVerdict.dirty`: the daemon cannot tell whether the action changed the sandbox.
 pub const BELAYER_DIRTY_UNKNOWN: c_int = -1;
-/// `BelayerExecResult.dirty`: the action left the sandbox unchanged.
+/// `BelayerExecVerdict.dirty`: the action left the sandbox unchanged.
 pub const BELAYER_DIRTY_CLEAN: c_int = 0;
-/// `BelayerExecResult.dirty`: the action changed the sandbox (files, processes).
+/// `BelayerExecVerdict.dirty`: the action changed the sandbox (files, processes).
 pub const BELAYER_DIRTY_CHANGED: c_int = 1;
 
 /// The `BELAYER_INFRA_FAULT_*` code of `kind`.
@@ -35,16 +35,19 @@ fn fault_code(kind: InfraFaultKind) -> c_int {
     }
 }
 
-impl BelayerExecResult {
-    /// The C form of `r` (takes its buffers).
-    fn from_result(r: ExecResult) -> BelayerExecResult {
+impl BelayerExecVerdict {
+    /// Nothing known: no fault, dirtiness unknown.
+    const UNKNOWN: BelayerExecVerdict = BelayerExecVerdict {
+        infra_fault: BELAYER_INFRA_FAULT_NONE,
+        infra_fault_pid: -1,
+        infra_fault_signal: 0,
+        dirty: BELAYER_DIRTY_UNKNOWN,
+    };
+
+    /// The C form of `r`'s fault and dirtiness.
+    fn of(r: &ExecResult) -> BelayerExecVerdict {
         let fault = r.infra_fault.as_ref();
-        BelayerExecResult {
-            exit_code: r.exit_code,
-            signal: r.signal.unwrap_or(0),
-            timed_out: r.timed_out,
-            truncated: r.truncated,
-            duration_ms: r.duration_ms,
+        BelayerExecVerdict {
             infra_fault: fault.map_or(BELAYER_INFRA_FAULT_NONE, |f| fault_code(f.kind)),
             infra_fault_pid: fault.and_then(|f| f.pid).unwrap_or(-1),
             infra_fault_signal: fault.and_then(|f| f.signal).unwrap_or(0),
@@ -53,20 +56,38 @@ impl BelayerExecResult {
                 Some(false) => BELAYER_DIRTY_CLEAN,
                 Some(true) => BELAYER_DIRTY_CHANGED,
             },
+        }
+    }
+}
+
+impl BelayerExecResult {
+    /// The C form of `r` (takes its buffers).
+    fn from_result(r: ExecResult) -> BelayerExecResult {
+        BelayerExecResult {
+            exit_code: r.exit_code,
+            signal: r.signal.unwrap_or(0),
+            timed_out: r.timed_out,
+            truncated: r.truncated,
+            duration_ms: r.duration_ms,
             stdout_buf: buf(r.stdout),
             stderr_buf: buf(r.stderr),
         }
     }
 }
 
-/// Sends `req` and stores its result in `out` (already set to empty).
+/// Sends `req` and stores its result in `out` (already set to empty) and, when given, its
+/// verdict in `verdict`.
 fn run(
     client: BelayerClient,
     req: ExecRequest,
     out: &mut BelayerExecResult,
+    verdict: Option<&mut BelayerExecVerdict>,
 ) -> Result<(), Failure> {
     match call(client, Request::Exec(req))? {
         Response::Exec(r) => {
+            if let Some(v) = verdict {
+                *v = BelayerExecVerdict::of(&r);
+            }
             *out = BelayerExecResult::from_result(r);
             Ok(())
         }
@@ -108,14 +129,16 @@ pub unsafe extern "C" fn belayer_exec(
             timeout_ms: (timeout_ms > 0).then_some(timeout_ms),
             ..Default::default()
         };
-        run(client, req, out)
+        run(client, req, out, None)
     })
 }
 
 /// Runs one action, `command` with `/bin/sh -c`, in sandbox `id` with the options `*opts`
 /// (NULL: all defaults, as [`belayer_exec`] without a timeout); stores the outcome in `*out`
-/// (free with [`belayer_exec_result_free`]). A non-zero exit of the action is not a failure of
-/// the call.
+/// (free with [`belayer_exec_result_free`]) and, when `verdict` is not NULL, the
+/// infrastructure fault and dirtiness in `*verdict` (`BELAYER_INFRA_FAULT_NONE`,
+/// `BELAYER_DIRTY_UNKNOWN` when the call fails). A non-zero exit of the action is not a
+/// failure of the call.
 ///
 /// Errors: `BELAYER_E_INVALID_ARGUMENT` for a null `id`, `command` or `out`, an env entry that
 /// is NULL, not UTF-8 or not `KEY=VALUE` with a non-empty KEY, a NULL `env` or `stdin_data`
@@ -127,7 +150,8 @@ pub unsafe extern "C" fn belayer_exec(
 /// `id` and `command` are NUL-terminated strings; `opts` is NULL or a valid pointer whose
 /// `cwd` is NULL or a NUL-terminated string, whose `env` points at `env_len` NUL-terminated
 /// strings (or is NULL with `env_len` 0) and whose `stdin_data` points at `stdin_len`
-/// readable bytes (or is NULL with `stdin_len` 0); `out` is a valid pointer to write to.
+/// readable bytes (or is NULL with `stdin_len` 0); `out` is a valid pointer to write to;
+/// `verdict` is NULL or a valid pointer to write to.
 #[no_mangle]
 pub unsafe extern "C" fn belayer_exec_with(
     client: BelayerClient,
@@ -135,8 +159,15 @@ pub unsafe extern "C" fn belayer_exec_with(
     command: *const c_char,
     opts: *const BelayerExecOptions,
     out: *mut BelayerExecResult,
+    verdict: *mut BelayerExecVerdict,
 ) -> c_int {
     guard(|| {
+        // SAFETY: `verdict` is null or valid for writes (this function's contract); plain
+        // values, so the old content needs no drop.
+        let mut verdict = unsafe { verdict.as_mut() };
+        if let Some(v) = verdict.as_deref_mut() {
+            *v = BelayerExecVerdict::UNKNOWN;
+        }
         // SAFETY: forwarded from this function's contract.
         let (id, command, out) = unsafe {
             (
@@ -157,7 +188,7 @@ pub unsafe extern "C" fn belayer_exec_with(
             // SAFETY: the pointers inside `*o` follow this function's contract.
             unsafe { apply_options(o, &mut req)? };
         }
-        run(client, req, out)
+        run(client, req, out, verdict)
     })
 }
 
@@ -172,7 +203,7 @@ unsafe fn apply_options(o: &BelayerExecOptions, req: &mut ExecRequest) -> Result
     }
     req.timeout_ms = (o.timeout_ms > 0).then_some(o.timeout_ms);
     req.output_limit = (o.output_limit > 0).then_some(o.output_limit);
-    req.merge_stderr = o.merge_stderr;
+    req.merge_stderr = o.merge_stderr != 0;
     if o.env_len > 0 {
         if o.env.is_null() {
             return Err(Failure::invalid("opts.env is NULL with a non-zero env_len"));
@@ -190,6 +221,13 @@ unsafe fn apply_options(o: &BelayerExecOptions, req: &mut ExecRequest) -> Result
             return Err(Failure::invalid(
                 "opts.stdin_data is NULL with a non-zero stdin_len",
             ));
+        }
+        if o.stdin_len as u64 > u64::from(belayer_ipc::DEFAULT_MAX_FRAME) {
+            return Err(Failure::invalid(&format!(
+                "opts.stdin_len {} is over the frame limit of {} bytes",
+                o.stdin_len,
+                belayer_ipc::DEFAULT_MAX_FRAME
+            )));
         }
         // SAFETY: non-null and `stdin_len` readable bytes by contract.
         req.stdin = unsafe { std::slice::from_raw_parts(o.stdin_data, o.stdin_len) }.to_vec();
@@ -240,8 +278,8 @@ mod tests {
     }
 
     #[test]
-    fn results_carry_fault_and_dirtiness() {
-        let r = BelayerExecResult::from_result(ExecResult {
+    fn verdicts_carry_fault_and_dirtiness() {
+        let r = BelayerExecVerdict::of(&ExecResult {
             infra_fault: Some(belayer_ipc::InfraFault {
                 kind: InfraFaultKind::Oom,
                 pid: Some(7),
@@ -259,7 +297,8 @@ mod tests {
             ),
             (BELAYER_INFRA_FAULT_OOM, 7, 9, BELAYER_DIRTY_CHANGED)
         );
-        let r = BelayerExecResult::from_result(ExecResult::default());
+        let r = BelayerExecVerdict::of(&ExecResult::default());
+        assert_eq!(r, BelayerExecVerdict::UNKNOWN);
         assert_eq!(
             (
                 r.infra_fault,

@@ -49,7 +49,7 @@ pub use memory::*;
 
 /// Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
 /// with [`belayer_abi_version`] at run time to detect a header/library mismatch.
-pub const BELAYER_ABI_VERSION: u32 = 2;
+pub const BELAYER_ABI_VERSION: u32 = 1;
 
 /// Default socket of `belayerd` (used when a socket path argument is NULL).
 pub const BELAYER_DEFAULT_SOCKET: &str = "/run/belayer/belayer.sock";

@@ -36,6 +36,13 @@ pub struct BelayerExecResult {
     pub stdout_buf: BelayerBuf,
     /// Captured stderr (empty when the options merged it into stdout).
     pub stderr_buf: BelayerBuf,
+}
+
+/// What the daemon saw of an action besides its output ([`belayer_exec_with`]'s `verdict`):
+/// plain values, nothing to free.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BelayerExecVerdict {
     /// `BELAYER_INFRA_FAULT_*`: an infrastructure failure hit the action (its output is not
     /// the task's own behaviour; recover instead); `BELAYER_INFRA_FAULT_NONE` (0) when none.
     pub infra_fault: c_int,
@@ -65,9 +72,10 @@ pub struct BelayerExecOptions {
     /// Bytes kept of stdout and of stderr (of the merged stream with `merge_stderr`); 0: the
     /// daemon's default.
     pub output_limit: u64,
-    /// Stdout and stderr are one ordered stream, as on a terminal: everything comes back in
-    /// `stdout_buf`, `stderr_buf` is empty.
-    pub merge_stderr: bool,
+    /// Non-zero: stdout and stderr are one ordered stream, as on a terminal: everything comes
+    /// back in `stdout_buf`, `stderr_buf` is empty. (An integer, not a bool: any bit pattern
+    /// a caller writes is valid.)
+    pub merge_stderr: u32,
     /// Bytes fed to the action's stdin (`stdin_len` of them; the daemon bounds them, by
     /// default at 1 MiB); NULL when `stdin_len` is 0 (stdin reads end of file at once).
     pub stdin_data: *const u8,

@@ -197,9 +197,9 @@ fn handles_work_from_several_threads() {
 }
 
 #[test]
-fn exec_result_keeps_the_layout_of_its_first_fields() {
-    use std::mem::offset_of;
-    // The fields of ABI version 1 stay where they were; new ones come after them.
+fn exec_result_keeps_the_layout_of_abi_version_1() {
+    use std::mem::{offset_of, size_of};
+    // The struct of ABI version 1, unchanged: the verdict has its own struct.
     assert_eq!(offset_of!(BelayerExecResult, exit_code), 0);
     assert_eq!(offset_of!(BelayerExecResult, signal), 4);
     assert_eq!(offset_of!(BelayerExecResult, timed_out), 8);
@@ -207,8 +207,8 @@ fn exec_result_keeps_the_layout_of_its_first_fields() {
     assert_eq!(offset_of!(BelayerExecResult, duration_ms), 16);
     assert_eq!(offset_of!(BelayerExecResult, stdout_buf), 24);
     assert_eq!(offset_of!(BelayerExecResult, stderr_buf), 40);
-    assert!(offset_of!(BelayerExecResult, infra_fault) >= 56);
-    assert!(offset_of!(BelayerExecResult, dirty) > offset_of!(BelayerExecResult, infra_fault));
+    assert_eq!(size_of::<BelayerExecResult>(), 56);
+    assert_eq!(size_of::<BelayerExecVerdict>(), 16);
 }
 
 #[test]
@@ -219,7 +219,7 @@ fn bad_exec_options_are_invalid_arguments_before_any_request() {
         env_len: 0,
         timeout_ms: 0,
         output_limit: 0,
-        merge_stderr: false,
+        merge_stderr: 0,
         stdin_data: ptr::null(),
         stdin_len: 0,
     };
@@ -238,11 +238,20 @@ fn bad_exec_options_are_invalid_arguments_before_any_request() {
         // SAFETY: valid strings, options and out-pointer; the result is freed.
         unsafe {
             let mut out = std::mem::zeroed::<BelayerExecResult>();
+            let mut verdict = std::mem::zeroed::<BelayerExecVerdict>();
             // A made-up handle: the options are checked before the handle is used.
-            let rc = belayer_exec_with(99, c"sb".as_ptr(), c"true".as_ptr(), &opts, &mut out);
+            let rc = belayer_exec_with(
+                99,
+                c"sb".as_ptr(),
+                c"true".as_ptr(),
+                &opts,
+                &mut out,
+                &mut verdict,
+            );
             assert_eq!(rc, BELAYER_E_INVALID_ARGUMENT, "{needle}");
             assert!(last_error().contains(needle), "{}", last_error());
-            assert_eq!(out.dirty, BELAYER_DIRTY_UNKNOWN);
+            assert_eq!(verdict.dirty, BELAYER_DIRTY_UNKNOWN);
+            assert_eq!(verdict.infra_fault, BELAYER_INFRA_FAULT_NONE);
             belayer_exec_result_free(&mut out);
         }
     }
@@ -265,7 +274,14 @@ fn bad_exec_options_are_invalid_arguments_before_any_request() {
         // SAFETY: the null pointers with non-zero counts are what is tested.
         unsafe {
             let mut out = std::mem::zeroed::<BelayerExecResult>();
-            let rc = belayer_exec_with(99, c"sb".as_ptr(), c"true".as_ptr(), &opts, &mut out);
+            let rc = belayer_exec_with(
+                99,
+                c"sb".as_ptr(),
+                c"true".as_ptr(),
+                &opts,
+                &mut out,
+                ptr::null_mut(),
+            );
             assert_eq!(rc, BELAYER_E_INVALID_ARGUMENT);
             assert!(last_error().contains(needle), "{}", last_error());
         }

@@ -248,6 +248,9 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     }
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(helper_err)?;
+    // The child holds what it needs; the parent's copies (the stdin memfd among them) go now,
+    // not when the action ends.
+    drop(cmd);
     drop(status_wr);
     let mut line = String::new();
     let read = fs::File::from(status_rd).read_to_string(&mut line);

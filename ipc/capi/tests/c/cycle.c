@@ -116,8 +116,6 @@ int main(int argc, char **argv) {
     CHECK(r.exit_code == 0);
     CHECK(r.stdout_buf.len == 4 && memcmp(r.stdout_buf.data, "out\n", 4) == 0);
     CHECK(r.stderr_buf.len == 4 && memcmp(r.stderr_buf.data, "err\n", 4) == 0);
-    CHECK(r.infra_fault == BELAYER_INFRA_FAULT_NONE);
-    CHECK(r.dirty != BELAYER_DIRTY_CLEAN);
     belayer_exec_result_free(&r);
 
     /* An action with options: stdin, env, cwd, stdout and stderr merged. It changes nothing. */
@@ -127,14 +125,20 @@ int main(int argc, char **argv) {
     opts.env = env;
     opts.env_len = 1;
     opts.timeout_ms = 30000;
-    opts.merge_stderr = true;
+    opts.merge_stderr = 1;
     opts.stdin_data = (const uint8_t *)"in\0put";
     opts.stdin_len = 6;
-    OK(belayer_exec_with(client, id, "pwd; echo $WHO >&2; cat", &opts, &r));
+    BelayerExecVerdict verdict;
+    OK(belayer_exec_with(client, id, "pwd; echo $WHO >&2; cat", &opts, &r, &verdict));
     CHECK(r.exit_code == 0);
     CHECK(r.stdout_buf.len == 13 && memcmp(r.stdout_buf.data, "/tmp\nc\nin\0put", 13) == 0);
     CHECK(r.stderr_buf.len == 0);
-    CHECK(r.dirty != BELAYER_DIRTY_CHANGED);
+    CHECK(verdict.infra_fault == BELAYER_INFRA_FAULT_NONE);
+    CHECK(verdict.dirty != BELAYER_DIRTY_CHANGED);
+    belayer_exec_result_free(&r);
+    /* A writing action's verdict. */
+    OK(belayer_exec_with(client, id, "echo v > /root/verdict", NULL, &r, &verdict));
+    CHECK(verdict.dirty != BELAYER_DIRTY_CLEAN);
     belayer_exec_result_free(&r);
     OK(belayer_exec(client, id, "echo two >> /root/state; exit 3", 30000, &r));
     CHECK(r.exit_code == 3);
