@@ -402,17 +402,10 @@ fn bpf_counts_changes_without_write_syscalls() {
     }
 }
 
-/// With the agent's own mount namespace given, a ptraced task's writes to files of the
-/// agent's mounts do not count (CRIU's parasite logging to its host file during a
-/// checkpoint); the same file reached through a mount of another namespace does, and so does
-/// any write of a task that is not ptraced (the check is skipped there: errs towards dirty).
-#[test]
-fn bpf_ignores_files_of_the_agents_own_mounts_under_ptrace() {
-    let Some(mut sc) = Scratch::new("own-ns") else {
-        return;
-    };
-    let own = std::fs::metadata("/proc/self/ns/mnt").unwrap().ino();
-    let tracer = Tracer::builder().own_mount_ns(own).start().expect("tracer");
+/// Starts `builder`'s tracer (BPF, or the test fails), spawns an idle init in the scratch
+/// cgroup and tracks it; the tracer and the cgroup id.
+fn track_scratch(sc: &mut Scratch, builder: belayer_ebpf::TracerBuilder) -> (Tracer, u64) {
+    let tracer = builder.start().expect("tracer");
     assert_eq!(
         tracer.kind(),
         TracerKind::Bpf,
@@ -429,6 +422,20 @@ fn bpf_ignores_files_of_the_agents_own_mounts_under_ptrace() {
             oom_events: None,
         })
         .unwrap();
+    (tracer, id)
+}
+
+/// With the agent's own mount namespace given, a ptraced task's writes to files of the
+/// agent's mounts do not count (CRIU's parasite logging to its host file during a
+/// checkpoint); the same file reached through a mount of another namespace does, and so does
+/// any write of a task that is not ptraced (the check is skipped there: errs towards dirty).
+#[test]
+fn bpf_ignores_files_of_the_agents_own_mounts_under_ptrace() {
+    let Some(mut sc) = Scratch::new("own-ns") else {
+        return;
+    };
+    let own = std::fs::metadata("/proc/self/ns/mnt").unwrap().ino();
+    let (tracer, id) = track_scratch(&mut sc, Tracer::builder().own_mount_ns(own));
     let scratch = tempfile::tempdir().unwrap();
     let f = scratch.path().join("f");
     std::fs::write(&f, "seed\n").unwrap();
@@ -459,26 +466,7 @@ fn bpf_ignores_the_agents_own_pid_namespace() {
     let Some(mut sc) = Scratch::new("own-pidns") else {
         return;
     };
-    let tracer = Tracer::builder()
-        .sandbox_pid_level(1)
-        .start()
-        .expect("tracer");
-    assert_eq!(
-        tracer.kind(),
-        TracerKind::Bpf,
-        "{:?}",
-        tracer.fallback_reason()
-    );
-    let id = cgroup_id(&sc.dir).unwrap();
-    let init = sc.spawn("exec sleep 60");
-    tracer
-        .track(Target {
-            cgroup_id: id,
-            cgroup_dir: sc.dir.clone(),
-            init_pid: init as i32,
-            oom_events: None,
-        })
-        .unwrap();
+    let (tracer, id) = track_scratch(&mut sc, Tracer::builder().sandbox_pid_level(1));
     let scratch = tempfile::tempdir().unwrap();
     let f = scratch.path().join("f");
     let writes = || tracer.counters(id).unwrap().fs_writes;
