@@ -14,11 +14,7 @@ const SOCKET_GID: u32 = 4273;
 const MIB: usize = 1 << 20;
 
 fn peer() -> Identity {
-    Identity {
-        uid: NOBODY,
-        gid: NOBODY,
-        groups: vec![SOCKET_GID],
-    }
+    Identity::nobody(&[SOCKET_GID])
 }
 
 /// The peer's entry point (see `belayer_tests::peer`).
