@@ -95,8 +95,8 @@ pub use message::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ContextEntry, DecisionInfo, Envelope,
     ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo, InfraFault,
     InfraFaultKind, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
-    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
-    UsernsInfo, UsernsMode,
+    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxLimits, SandboxSpec,
+    StatusInfo, TestFault, UsernsInfo, UsernsMode,
 };
 pub use transport::{
     bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_message_by,

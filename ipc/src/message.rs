@@ -67,7 +67,14 @@ pub enum Request {
     Exec(ExecRequest),
     /// Take a full checkpoint C_k of a sandbox at action boundary k (paper: full_checkpoint).
     Checkpoint(CheckpointRequest),
-    /// Restore the sandbox from its ready checkpoint into a fresh instance (paper: full_restore).
+    /// Restore the sandbox from a ready checkpoint into a fresh instance (paper: full_restore):
+    /// the ready one, or the one of boundary `prefix`.
+    ///
+    /// Restoring C_K of an earlier boundary moves the ready pointer back to C_K once the
+    /// restore succeeded, and drops every checkpoint published after C_K (the sandbox no
+    /// longer has that future; they are listed in [`RestoreInfo::dropped_prefixes`]). A
+    /// `prefix` with no ready checkpoint is answered [`ErrorCode::NotFound`] naming it, and
+    /// nothing is touched.
     Restore {
         /// Sandbox id.
         id: String,
@@ -75,6 +82,10 @@ pub enum Request {
         /// compared by digest; process list compared) and report it in
         /// [`RestoreInfo::validity`]. Costs one more upper-layer capture.
         verify: bool,
+        /// Action boundary K of the ready checkpoint to restore (the latest one of that
+        /// boundary, when several were taken at it); `None`: the ready checkpoint. Since
+        /// protocol 9.
+        prefix: Option<u64>,
     },
     /// List the ready checkpoints of a sandbox, oldest first.
     ListCheckpoints {
@@ -223,6 +234,15 @@ pub struct SandboxSpec {
     /// values below 1 MiB are refused. Absent from state files written before protocol 3.
     #[serde(default)]
     pub disk_max: Option<u64>,
+    /// Working directory of every action inside the sandbox: an absolute path of at most
+    /// 4096 bytes without NUL (else [`ErrorCode::BadRequest`]), resolved inside the sandbox's
+    /// root like an action's `cwd`, which overrides it.
+    /// `None`: `/`. Not created: when it does not exist (or is no directory) in the sandbox,
+    /// every action without its own `cwd` fails with [`ErrorCode::ExecFailed`] naming the
+    /// `chdir`, as a bad `cwd` does. Kept across restores. Since protocol 9; absent from
+    /// state files written before.
+    #[serde(default)]
+    pub workdir: Option<String>,
 }
 
 /// Which user namespace a sandbox runs in.
@@ -283,6 +303,27 @@ pub struct SandboxInfo {
     pub created_unix_ms: u64,
     /// The user namespace (id maps of the init when it runs, else the recorded range).
     pub userns: Option<UsernsInfo>,
+    /// The limits in force (the spec's, with the daemon's defaults filled in at creation).
+    /// Since protocol 9.
+    pub limits: SandboxLimits,
+    /// Environment of every action, `(key, value)`, as created. Since protocol 9.
+    pub env: Vec<(String, String)>,
+    /// Default working directory of actions ([`SandboxSpec::workdir`]); `None`: `/`. Since
+    /// protocol 9.
+    pub workdir: Option<String>,
+}
+
+/// The resource limits of a sandbox ([`SandboxInfo::limits`]); `None`: unlimited.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    /// `memory.max` in bytes.
+    pub memory_max: Option<u64>,
+    /// `pids.max`: processes and threads at once.
+    pub pids_max: Option<u64>,
+    /// CPU bandwidth in CPUs (`cpu.max` quota over period).
+    pub cpus: Option<f64>,
+    /// Bytes the upper layer may allocate.
+    pub disk_max: Option<u64>,
 }
 
 /// One action.
@@ -491,6 +532,10 @@ pub struct RestoreInfo {
     /// `false`: F_k was materialized from its manifest into new inodes, or there was no
     /// checkpoint.
     pub inodes_kept: bool,
+    /// Prefixes of the checkpoints published after the restored one, which this restore
+    /// dropped (a restore of an earlier ready checkpoint, [`Request::Restore`]'s `prefix`),
+    /// oldest first; empty when the ready checkpoint was restored. Since protocol 9.
+    pub dropped_prefixes: Vec<u64>,
 }
 
 /// Whether a restored sandbox matches what was recorded at checkpoint time.

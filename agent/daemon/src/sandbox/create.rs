@@ -102,6 +102,16 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// The longest working directory a spec may name (`PATH_MAX`).
+pub const WORKDIR_MAX: usize = 4096;
+
+/// Checks a working directory from a client (a spec's `workdir`, an action's `cwd`): an
+/// absolute path of at most [`WORKDIR_MAX`] bytes without NUL. It is resolved by `chdir`
+/// inside the sandbox's mount namespace and root, so `..` and symlinks stay in the sandbox.
+pub(crate) fn valid_dir(dir: &str) -> bool {
+    dir.starts_with('/') && dir.len() <= WORKDIR_MAX && !dir.contains('\0')
+}
+
 /// Creates and starts a sandbox from `spec`, owned by `owner_uid` (the peer that asked).
 /// Limits the spec leaves open get the daemon's defaults (`default_pids_max`,
 /// `default_memory_max_bytes`, `default_cpus`, `default_disk_max_bytes`, `userns`).
@@ -137,6 +147,12 @@ pub fn create(
     if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
         return Err(CreateError::InvalidSpec(format!(
             "bad environment variable {k:?}"
+        )));
+    }
+    if let Some(dir) = spec.workdir.as_deref().filter(|d| !valid_dir(d)) {
+        return Err(CreateError::InvalidSpec(format!(
+            "workdir {:?} must be an absolute path of at most {WORKDIR_MAX} bytes without NUL",
+            dir.chars().take(64).collect::<String>()
         )));
     }
     if let Some(tag) = spec.tag.as_deref().filter(|t| !valid_name(t)) {

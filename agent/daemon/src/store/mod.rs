@@ -6,7 +6,10 @@
 //! pointer `READY` (a small file holding the checkpoint name) is replaced by write + fsync +
 //! rename + fsync. A crash at any point leaves the previous `READY` in effect; leftovers
 //! (`.tmp-*`, or a renamed directory whose sequence number is above the ready one) are never
-//! listed and are removed by [`CheckpointStore::discard_unpublished`].
+//! listed and are removed by [`CheckpointStore::discard_unpublished`]; the next
+//! [`CheckpointStore::begin`] removes the renamed ones too, so that its sequence number never
+//! makes them visible. A restore of an earlier checkpoint points `READY` back at it and so
+//! turns the later checkpoints into such leftovers ([`CheckpointStore::discard_after_ready`]).
 
 pub mod manifest;
 pub mod snapshot;
@@ -131,6 +134,10 @@ fn parse_seq(name: &str) -> Option<u64> {
     name.strip_prefix('c')?.split('-').next()?.parse().ok()
 }
 
+fn parse_prefix(name: &str) -> Option<u64> {
+    name.strip_prefix('c')?.split_once("-k")?.1.parse().ok()
+}
+
 /// The checkpoints of one sandbox.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
@@ -211,7 +218,16 @@ impl CheckpointStore {
     }
 
     /// Starts a new checkpoint of prefix `prefix` in a fresh staging directory.
+    ///
+    /// Published checkpoints above the ready one (a crash before their pointer moved, or
+    /// the future a restore of an earlier checkpoint left behind and could not remove) are
+    /// removed first: the new checkpoint's sequence number must not make them visible.
     pub fn begin(&self, prefix: u64) -> Result<Staging, StoreError> {
+        let names = self.published_names()?;
+        let ready_seq = self.ready()?.as_deref().and_then(parse_seq).unwrap_or(0);
+        if names.last().is_some_and(|(s, _)| *s > ready_seq) {
+            self.discard_after_ready()?;
+        }
         let seq = self.published_names()?.last().map_or(1, |(s, _)| s + 1);
         let dir = self.dir.join(format!(".tmp-{}", sys::random_hex(6)));
         fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
@@ -309,6 +325,43 @@ impl CheckpointStore {
             if stale {
                 snapshot::remove_checkpoint_dir(&e.path()).map_err(io("rmdir", &e.path()))?;
                 removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Name of the visible checkpoint (sequence ≤ the ready one) of action boundary
+    /// `prefix`, the latest one when several were taken at it; `None` when there is none.
+    pub fn visible_of_prefix(&self, prefix: u64) -> Result<Option<String>, StoreError> {
+        let Some(ready) = self.ready()? else {
+            return Ok(None);
+        };
+        let ready_seq = parse_seq(&ready).unwrap_or(0);
+        Ok(self
+            .published_names()?
+            .into_iter()
+            .filter(|(seq, name)| *seq <= ready_seq && parse_prefix(name) == Some(prefix))
+            .filter(|(_, name)| self.dir.join(name).join(MANIFEST).is_file())
+            .map(|(_, name)| name)
+            .next_back())
+    }
+
+    /// Removes the published checkpoints above the ready one (every one, when none is
+    /// ready), which no listing shows; staging directories are left alone. A crash half-way
+    /// leaves some of them (perhaps half deleted) above the ready one, still invisible, for
+    /// the next call, the next [`Self::begin`] or [`Self::discard_unpublished`].
+    /// Returns the prefixes removed, oldest first.
+    ///
+    /// Errors: a dangling ready pointer ([`StoreError::DanglingReady`]: nothing is removed,
+    /// the ready checkpoint is unknown), or the first removal that failed.
+    pub fn discard_after_ready(&self) -> Result<Vec<u64>, StoreError> {
+        let ready_seq = self.ready()?.as_deref().and_then(parse_seq).unwrap_or(0);
+        let mut removed = Vec::new();
+        for (seq, name) in self.published_names()? {
+            if seq > ready_seq {
+                let p = self.dir.join(&name);
+                snapshot::remove_checkpoint_dir(&p).map_err(io("rmdir", &p))?;
+                removed.extend(parse_prefix(&name));
             }
         }
         Ok(removed)
@@ -497,21 +550,29 @@ mod tests {
         let mut s = store.begin(3).unwrap();
         manifest(&store, &s, 3);
         store.publish(&mut s).unwrap();
-        // Published but not pointed: invisible, and discarded as unpublished.
+        // Published but not pointed: invisible, and dropped by the next checkpoint, which
+        // takes its sequence number (it never becomes visible).
         assert!(store.list().unwrap().is_empty());
         let mut s2 = store.begin(3).unwrap();
-        assert_eq!(s2.seq(), 2);
+        assert_eq!(s2.seq(), 1);
+        assert!(!store.path(&s.name()).exists());
         manifest(&store, &s2, 3);
         store.publish(&mut s2).unwrap();
         store.set_ready(&s2.name()).unwrap();
+        assert_eq!(store.list().unwrap().len(), 1);
+        let mut s3 = store.begin(4).unwrap();
+        assert_eq!(s3.seq(), 2);
+        manifest(&store, &s3, 4);
+        store.publish(&mut s3).unwrap();
+        store.set_ready(&s3.name()).unwrap();
         assert_eq!(store.list().unwrap().len(), 2);
-        let m = store.verify(&s2.name()).unwrap();
+        let m = store.verify(&s3.name()).unwrap();
         assert_eq!(store.read_context(&m).unwrap(), b"ctx");
         // Flip one byte → corrupt.
-        let p = store.path(&s2.name()).join(UPPER_LAYER);
+        let p = store.path(&s3.name()).join(UPPER_LAYER);
         fs::write(&p, b"taR").unwrap();
         assert!(matches!(
-            store.verify(&s2.name()),
+            store.verify(&s3.name()),
             Err(StoreError::Corrupt { .. })
         ));
     }
@@ -524,14 +585,57 @@ mod tests {
         manifest(&store, &a, 1);
         store.publish(&mut a).unwrap();
         store.set_ready(&a.name()).unwrap();
+        let staging = store.begin(3).unwrap();
+        std::mem::forget(staging); // as if the daemon died
         let mut b = store.begin(2).unwrap();
         manifest(&store, &b, 2);
         store.publish(&mut b).unwrap();
-        let staging = store.begin(3).unwrap();
-        std::mem::forget(staging); // as if the daemon died
         assert_eq!(store.discard_unpublished().unwrap(), 2);
         assert_eq!(store.ready().unwrap(), Some(a.name()));
         assert_eq!(store.list().unwrap().len(), 1);
+    }
+
+    fn published(store: &CheckpointStore, prefix: u64) -> String {
+        let mut s = store.begin(prefix).unwrap();
+        manifest(store, &s, prefix);
+        store.publish(&mut s).unwrap();
+        store.set_ready(&s.name()).unwrap();
+        s.name()
+    }
+
+    fn prefixes(store: &CheckpointStore) -> Vec<u64> {
+        store.list().unwrap().iter().map(|m| m.prefix).collect()
+    }
+
+    #[test]
+    fn pointing_back_hides_the_later_checkpoints_at_every_step() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(tmp.path()).unwrap();
+        assert_eq!(store.visible_of_prefix(1).unwrap(), None);
+        let names: Vec<String> = [1, 2, 2, 3].iter().map(|k| published(&store, *k)).collect();
+        // The latest checkpoint of a boundary; unknown boundaries are none.
+        assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[2].clone()));
+        assert_eq!(store.visible_of_prefix(7).unwrap(), None);
+
+        // Step 1: the pointer moves back. From here on (a crash at any later step) the later
+        // checkpoint is invisible and unrestorable by prefix.
+        store.set_ready(&names[1]).unwrap();
+        assert_eq!(prefixes(&store), [1, 2]);
+        assert_eq!(store.visible_of_prefix(3).unwrap(), None);
+        assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[1].clone()));
+        // Step 2: it is dropped.
+        assert_eq!(store.discard_after_ready().unwrap(), [2, 3]);
+        assert_eq!(store.discard_after_ready().unwrap(), Vec::<u64>::new());
+        assert_eq!(store.names().unwrap(), names[..2]);
+
+        // A crash between the steps: the next checkpoint drops the hidden ones first, so its
+        // sequence number neither collides with them nor makes them visible again.
+        let later = published(&store, 3);
+        store.set_ready(&names[0]).unwrap();
+        let next = published(&store, 4);
+        assert_eq!(prefixes(&store), [1, 4]);
+        assert!(!store.path(&later).exists() && !store.path(&names[1]).exists());
+        assert_eq!(store.ready().unwrap(), Some(next));
     }
 
     #[test]
