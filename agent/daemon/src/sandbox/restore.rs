@@ -57,9 +57,6 @@ pub fn restore(
 ) -> Result<RestoreInfo, RestoreError> {
     let started = Instant::now();
     let _op = slot.lock_op();
-    // Unknown while the old instance is torn down and the new one built; the ready state
-    // once it is restored.
-    slot.changes.forget();
     let (info, baseline) = restore_locked(rt, slot, verify, prefix, started)?;
     // Clean only when the tracer's baseline is the restored state itself; otherwise unknown
     // until the next checkpoint.
@@ -90,6 +87,9 @@ fn restore_locked(
         source,
     };
     let target = rewind::Target::choose(&store, &id, prefix)?;
+    // Unknown from here (a refused prefix, above, changes nothing) while the old instance is
+    // torn down and the new one built; the ready state once it is restored.
+    slot.changes.forget();
     let manifest = match &target.chosen {
         Some(name) => Some(store.load(name).map_err(corrupt)?),
         None => None,
