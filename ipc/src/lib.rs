@@ -7,7 +7,7 @@
 //! | bytes | field | value |
 //! |---|---|---|
 //! | 0..4 | magic | `b"BLYR"` |
-//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (8) |
+//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (9) |
 //! | 6 | kind | 1 request, 2 response, 3 event, 4 memory request, 5 memory response ([`Kind`]) |
 //! | 7 | flags | reserved, must be 0 |
 //! | 8..12 | payload length | u32 little-endian, bytes, at most the maximum frame size ([`DEFAULT_MAX_FRAME`] = 16 MiB) |
@@ -82,6 +82,7 @@ pub mod message;
 pub mod names;
 pub mod policy;
 pub mod rollout;
+pub mod sandbox;
 pub mod state;
 pub mod text;
 pub mod transport;
