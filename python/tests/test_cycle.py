@@ -11,6 +11,7 @@ import belayer
 
 
 def kill_all(client: belayer.Client, sandbox: str) -> None:
+    # Pids gone with the init meanwhile are skipped (the rest of the sandbox dies with it).
     assert client.kill_processes(sandbox) >= 1
 
 
