@@ -35,7 +35,15 @@ python_tests() {
   local pip_args=(--quiet --force-reinstall --no-deps)
   python3 -c 'import setuptools, wheel' 2>/dev/null && pip_args+=(--no-build-isolation)
   python3 -m pip install "${pip_args[@]}" ./python
-  (cd python/tests && python3 -m pytest -q -p no:cacheprovider .)
+  (cd python/tests && python3 -m pytest -q -p no:cacheprovider --ignore-glob='test_harbor_*' .)
+}
+
+# The Harbor environment (belayer.integrations.harbor) under Harbor's own runner, in the venv
+# that setup.sh made with the pinned harbor (Python >= 3.12).
+python_harbor_tests() {
+  local py="$BELAYER_HARBOR_VENV/bin/python"
+  "$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+  (cd python/tests && "$py" -m pytest -q -p no:cacheprovider test_harbor_*.py)
 }
 
 # The `belayer` client is built without belayer-ipc's `cuda` feature: cudarc is not among its
@@ -61,3 +69,4 @@ step cargo clippy -p belayer-ipc --all-targets -- -D warnings
 step cargo test -p belayer-ipc --lib
 step client_links_no_cuda
 step python_tests
+step python_harbor_tests
