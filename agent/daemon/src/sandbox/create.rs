@@ -191,6 +191,7 @@ pub fn create(
         make_instance_dir(rt, &paths, 0, rec.spec.disk_max)?;
         let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
         let (pid, start) = up.spawn_init(rt, &rec, &paths)?;
+        wait_init_settled(pid, INIT_SETTLE_MAX);
         rec.init_pid = Some(pid);
         rec.init_start_time = Some(start);
         rec.save(&paths)?;
@@ -222,6 +223,30 @@ pub fn create(
 /// Kills the init of a creation that failed after it started (its record could not be
 /// saved), removes the cgroup, reaps it and unmounts the root. Returns whether the tree is
 /// gone.
+/// Longest a create waits for the new init to settle ([`wait_init_settled`]).
+const INIT_SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until the init has started its idle `sleep` and sleeps itself waiting for it, or
+/// `max` passes. The dirtiness verdict of an action counts the init running during the action
+/// ([`crate::trace`]); an init still starting its script (on a loaded host this can outlast
+/// the create) would make the first action look dirty. Past `max` the create goes on: the
+/// verdict then errs towards dirty, never towards clean.
+fn wait_init_settled(pid: i32, max: std::time::Duration) {
+    let deadline = std::time::Instant::now() + max;
+    let settled = || {
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default();
+        let sleeping = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('S')))
+            .unwrap_or(false);
+        !children.trim().is_empty() && sleeping
+    };
+    while !settled() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 fn discard_started(rec: &SandboxRecord, paths: &SandboxPaths) -> bool {
     if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
         if let Err(e) = cg
