@@ -130,7 +130,27 @@ install_python_test_deps() {
     log "installing pytest"
     python3 -m pip install --quiet pytest >&2
   fi
+  install_minisweagent
   log "python: $(python3 --version 2>&1), $(python3 -m pytest --version 2>&1 | head -1)"
+}
+
+# The version of mini-swe-agent that python/pyproject.toml pins in its `minisweagent` extra.
+minisweagent_pin() {
+  sed -n 's/^minisweagent = \["mini-swe-agent==\([^"]*\)"\]$/\1/p' "$REPO_ROOT/python/pyproject.toml"
+}
+
+# mini-swe-agent from PyPI at the pinned version, for the tests of
+# belayer.integrations.minisweagent (python/tests/test_minisweagent.py); nothing when it is there.
+install_minisweagent() {
+  local want have
+  want=$(minisweagent_pin)
+  [ -n "$want" ] || die "no mini-swe-agent pin in python/pyproject.toml"
+  have=$(python3 -c 'import importlib.metadata as m; print(m.version("mini-swe-agent"))' 2>/dev/null || true)
+  if [ "$have" != "$want" ]; then
+    log "installing mini-swe-agent $want${have:+ (had $have)}"
+    python3 -m pip install --quiet --disable-pip-version-check "mini-swe-agent==$want" >&2
+  fi
+  log "mini-swe-agent $want"
 }
 
 # Prints the first Debian mirror that the machine's apt configuration uses for $PYTHON_SUITE

@@ -29,7 +29,8 @@ step() {
 
 # Installs the Python package (pure ctypes) from python/ and runs its pytest suite against a
 # daemon started from the built belayerd; the package finds the built libbelayer.so through
-# CARGO_TARGET_DIR. pytest's exit 5 (no tests collected) fails the run like any other failure.
+# CARGO_TARGET_DIR; test_minisweagent.py drives the pinned mini-swe-agent that setup.sh installs.
+# pytest's exit 5 (no tests collected) fails the run like any other failure.
 python_tests() {
   local pip_args=(--quiet --force-reinstall --no-deps)
   python3 -c 'import setuptools, wheel' 2>/dev/null && pip_args+=(--no-build-isolation)
