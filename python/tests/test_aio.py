@@ -120,8 +120,13 @@ def test_newer_methods_forward_or_say_they_are_missing(daemon: Daemon, tmp_path:
                     assert (await sb.exec("cat /root/up.txt")).stdout == b"payload"
                     await client.download(sb.id, "/root/up.txt", str(tmp_path / "down.txt"))
                     assert (tmp_path / "down.txt").read_bytes() == b"payload"
+                await sb.kill_processes()
+                assert [c.prefix for c in await sb.checkpoints()] == [1]
             if "gc" not in missing:
-                await client.gc()
+                removed, _ = await client.gc(older_than_s=0)
+                assert removed >= 0
+                with pytest.raises(ValueError, match="older_than_s or tag"):
+                    await client.gc()
 
     asyncio.run(main())
 

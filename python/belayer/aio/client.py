@@ -106,9 +106,14 @@ class AsyncClient:
         await self._forward("import_image", name, source, exist_ok)
 
     async def gc(self, *args: Any, **kwargs: Any) -> Any:
-        """Collects sandboxes and checkpoints (``older_than_s=None, tag=None``; see
-        ``belayer.Client.gc``)."""
+        """Drops checkpoints by age and/or rollout tag (``older_than_s=None, tag=None``, at
+        least one of them); returns a ``GcResult`` (see :meth:`belayer.Client.gc`)."""
         return await self._forward("gc", *args, **kwargs)
+
+    async def kill_processes(self, id: Text, *args: Any, **kwargs: Any) -> Any:
+        """Signals every process of sandbox ``id`` from the host, skipping those already gone
+        (see :meth:`belayer.Client.kill_processes`); for failure drills."""
+        return await self._forward("kill_processes", id, *args, **kwargs)
 
     # -- sandboxes --------------------------------------------------------------------------
 
@@ -323,6 +328,14 @@ class AsyncSandbox:
     async def list_checkpoints(self) -> Any:
         """See :meth:`AsyncClient.list_checkpoints`."""
         return await self.client.list_checkpoints(self.id)
+
+    async def checkpoints(self) -> Any:
+        """The sandbox's published checkpoints, oldest first (as ``Sandbox.checkpoints``)."""
+        return await self.client.list_checkpoints(self.id)
+
+    async def kill_processes(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`AsyncClient.kill_processes`."""
+        return await self.client.kill_processes(self.id, *args, **kwargs)
 
     async def restore(self, verify: bool = True, **options: Any) -> RestoreInfo:
         """See :meth:`AsyncClient.restore`."""
