@@ -7,7 +7,7 @@
 //! | bytes | field | value |
 //! |---|---|---|
 //! | 0..4 | magic | `b"BLYR"` |
-//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (8) |
+//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (9) |
 //! | 6 | kind | 1 request, 2 response, 3 event, 4 memory request, 5 memory response ([`Kind`]) |
 //! | 7 | flags | reserved, must be 0 |
 //! | 8..12 | payload length | u32 little-endian, bytes, at most the maximum frame size ([`DEFAULT_MAX_FRAME`] = 16 MiB) |
@@ -98,6 +98,7 @@ pub use message::{
     RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
     UsernsInfo, UsernsMode,
 };
+pub use message::{DownloadRequest, TransferInfo, UploadRequest};
 pub use transport::{
     bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_message_by,
     recv_with_fds, send_message, send_with_fds, AccessPolicy, BindError, BoundSocket, Caller,
@@ -105,6 +106,7 @@ pub use transport::{
     Quota, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, Subscription,
     WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE, MAX_REQUEST_FDS,
 };
+pub use transport::{chunk_bytes, Chunk, DownloadSource, LinkError, TransferLink, UploadSink};
 
 pub use policy::{BadDecisionReason, BadPolicyKind, DecisionReason, PolicyKind};
 pub use state::{BadSandboxState, SandboxState};

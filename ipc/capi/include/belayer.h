@@ -180,6 +180,18 @@
 // ready checkpoint untouched (restoring again may succeed).
 #define BELAYER_E_RESTORE_TIMED_OUT -35
 
+// Daemon: a file transfer failed (an archive member refused by the hardening rules, the
+// helper killed, the transfer cancelled); on the host side of `belayer_upload` /
+// `belayer_download`: a source that cannot be read or a member refused on extraction.
+#define BELAYER_E_TRANSFER_FAILED -36
+
+// Daemon: the sandbox's disk limit was reached while a transfer wrote into it (or the host
+// file system filled while a download was extracted).
+#define BELAYER_E_NO_SPACE -37
+
+// Daemon: a file transfer ran past its timeout, or its helper made no progress for 30 s.
+#define BELAYER_E_TRANSFER_TIMED_OUT -38
+
 // An internal panic was caught.
 #define BELAYER_E_PANIC -99
 

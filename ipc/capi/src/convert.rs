@@ -28,6 +28,9 @@ pub fn status_of(code: ErrorCode) -> c_int {
         ErrorCode::NotFound => BELAYER_E_NOT_FOUND,
         ErrorCode::Busy => BELAYER_E_BUSY,
         ErrorCode::RestoreTimedOut => BELAYER_E_RESTORE_TIMED_OUT,
+        ErrorCode::TransferFailed => BELAYER_E_TRANSFER_FAILED,
+        ErrorCode::NoSpace => BELAYER_E_NO_SPACE,
+        ErrorCode::TransferTimedOut => BELAYER_E_TRANSFER_TIMED_OUT,
     }
 }
 

@@ -45,6 +45,9 @@ pub use crate::status::{
     BELAYER_E_TIMEOUT, BELAYER_E_UNKNOWN_IMAGE, BELAYER_E_UNKNOWN_SANDBOX, BELAYER_E_UNSUPPORTED,
     BELAYER_OK,
 };
+pub use crate::status::{
+    BELAYER_E_NO_SPACE, BELAYER_E_TRANSFER_FAILED, BELAYER_E_TRANSFER_TIMED_OUT,
+};
 pub use memory::*;
 
 /// Version of this C ABI; bumped on every incompatible change of `belayer.h`. Compare it
