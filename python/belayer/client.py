@@ -11,6 +11,7 @@ from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
 from . import _lib
 from .actions import ExecResult, InfraFault, Options, result  # noqa: F401 (re-exported)
 from .errors import ERRORS, BelayerError, EventTimeoutError
+from .transfer import ClientTransfers, SandboxTransfers, TransferResult  # noqa: F401
 
 #: A string argument: ``str`` (encoded as UTF-8) or raw ``bytes`` (passed as they are).
 Text = Union[str, bytes]
@@ -195,8 +196,8 @@ class _Handle:
             pass
 
 
-class Client(_Handle):
-    """A connection to ``belayerd``.
+class Client(_Handle, ClientTransfers):
+    """A connection to ``belayerd`` (file transfer: :class:`~belayer.transfer.ClientTransfers`).
 
     Usable as a context manager (closes on exit). One request runs at a time per client;
     calls from several threads are serialized by the library (ctypes releases the GIL while
@@ -462,9 +463,9 @@ class Client(_Handle):
         return Subscription(self.socket)
 
 
-class Sandbox:
+class Sandbox(SandboxTransfers):
     """One sandbox, bound to a :class:`Client`. As a context manager it destroys the
-    sandbox on exit."""
+    sandbox on exit. File transfer: :class:`~belayer.transfer.SandboxTransfers`."""
 
     def __init__(self, client: Client, id: str) -> None:
         self.client = client
@@ -587,6 +588,7 @@ __all__ = [
     "Policy",
     "Decision",
     "Event",
+    "TransferResult",
     "abi_version",
     "library_version",
     "library_path",

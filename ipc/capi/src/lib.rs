@@ -6,7 +6,7 @@
 //! `belayer_gpu_health_check`, module `memory`), so one library serves both. Modules, one per
 //! resource: `status` (status codes, the per-thread last error, the panic guard), `types`,
 //! `handles`, `convert`, `library`, `connection`, `sandbox`, `exec`, `checkpoint`, `context`, `events`,
-//! `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
+//! `transfer`, `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
 //! `BELAYER_BLESS=1 cargo test -p belayer-capi --test header` rewrites it).
 //!
 //! # Conventions
@@ -31,6 +31,7 @@
 //! # Dependencies
 //!
 //! - `belayer-ipc`: the protocol, the client, and the memory-server worker client.
+//! - `belayer-transfer`: the hardened tar packing and extraction of the file transfers.
 #![warn(missing_docs)]
 
 use std::ffi::c_int;
@@ -92,6 +93,7 @@ mod library;
 mod memory;
 mod sandbox;
 mod status;
+mod transfer;
 mod types;
 
 pub use checkpoint::*;
@@ -102,6 +104,7 @@ pub use events::*;
 pub use exec::*;
 pub use library::*;
 pub use sandbox::*;
+pub use transfer::*;
 pub use types::*;
 
 #[cfg(test)]
