@@ -99,6 +99,7 @@ pub use message::{
     RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxLimits, SandboxSpec,
     StatusInfo, TestFault, UsernsInfo, UsernsMode,
 };
+pub use message::{DownloadRequest, TransferInfo, UploadRequest};
 pub use transport::{
     bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_message_by,
     recv_with_fds, send_message, send_with_fds, AccessPolicy, BindError, BoundSocket, Caller,
@@ -106,6 +107,7 @@ pub use transport::{
     Quota, Server, ServerConfig, ServerError, ServerHandle, ShutdownTrigger, Subscription,
     WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE, MAX_REQUEST_FDS,
 };
+pub use transport::{chunk_bytes, Chunk, DownloadSource, LinkError, TransferLink, UploadSink};
 
 pub use policy::{BadDecisionReason, BadPolicyKind, DecisionReason, PolicyKind};
 pub use state::{BadSandboxState, SandboxState};

@@ -144,6 +144,30 @@ pub enum Request {
         /// Trajectory id, as in [`Request::ContextAppend`].
         trajectory: String,
     },
+    /// Start an upload of a tar stream into a sandbox (see [`UploadRequest`] for where it
+    /// goes). Answered by [`Response::TransferReady`], or an error before any data; then the
+    /// client sends [`Request::UploadChunk`] frames (with this request's id) and, after the
+    /// empty one that ends the stream, gets [`Response::Transferred`] or an error (sent once
+    /// the daemon has read the rest of the stream). [`Request::TransferCancel`] instead of a
+    /// chunk stops it. Since protocol 9.
+    Upload(UploadRequest),
+    /// One piece of an upload's tar stream, at most [`Response::TransferReady`]'s
+    /// `chunk_bytes`; empty: the end of the stream. Valid only during an upload; anywhere else
+    /// it is a `BadRequest`. Since protocol 9.
+    UploadChunk {
+        /// The bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Stops the transfer in progress on this connection: sent instead of the next upload
+    /// chunk, or while download chunks arrive. The daemon stops the helper and answers the
+    /// transfer with an error (`TransferFailed`); download chunks already on their way come
+    /// first. Since protocol 9.
+    TransferCancel,
+    /// Download a file or directory of a sandbox as a tar stream: answered by
+    /// [`Response::DownloadChunk`] frames, then [`Response::Transferred`] or an error (an
+    /// error before any chunk when the transfer cannot start). Since protocol 9.
+    Download(DownloadRequest),
 }
 
 /// Everything `belayerd` answers.
@@ -190,6 +214,20 @@ pub enum Response {
     Context(ContextEntry),
     /// Answer to [`Request::Subscribe`]: events follow on this connection.
     Subscribed,
+    /// Answer to [`Request::Upload`]: send the stream now. Since protocol 9.
+    TransferReady {
+        /// The most bytes one [`Request::UploadChunk`] may carry.
+        chunk_bytes: u32,
+    },
+    /// One piece of a download's tar stream (at most a quarter of the frame limit, and
+    /// 1 MiB). Since protocol 9.
+    DownloadChunk {
+        /// The bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The last answer of a finished upload or download. Since protocol 9.
+    Transferred(TransferInfo),
 }
 
 /// Asynchronous notifications from the daemon.
@@ -511,6 +549,66 @@ pub enum ErrorCode {
     /// `criu_time_limit_per_gib_ms`) and was killed with the half-restored tree; the sandbox is
     /// `failed`, its ready checkpoint untouched: restoring again may succeed.
     RestoreTimedOut,
+    /// A file transfer failed: an archive member refused by the hardening rules (a `..` or
+    /// absolute name, a device node, a symlink where a parent directory must be), the helper
+    /// killed or stopped, the transfer cancelled. Since protocol 9.
+    TransferFailed,
+    /// The sandbox's disk limit (or its file system) was reached while a transfer wrote into
+    /// it. Since protocol 9.
+    NoSpace,
+    /// A file transfer ran past its timeout and was stopped (what was extracted so far
+    /// stays). Since protocol 9.
+    TransferTimedOut,
+}
+
+/// Where an upload goes (`docker cp` semantics): when `dest` is an existing directory of the
+/// sandbox, the tree goes inside it under its own name; otherwise (one tree, `archive` false)
+/// the tree becomes `dest`, whose parent must exist. `dest` is resolved inside the sandbox,
+/// symlinks included (`RESOLVE_IN_ROOT`), and the stream is extracted there by a process of the
+/// sandbox, confined like an action, so the writes count against the sandbox's disk limit and
+/// the files belong to its root. Members are never created through a symlink.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct UploadRequest {
+    /// Sandbox id.
+    pub id: String,
+    /// Absolute path inside the sandbox; a trailing `/` requires an existing directory.
+    pub dest: String,
+    /// The stream is an arbitrary archive (any number of top-level members) extracted into
+    /// `dest`, which must be an existing directory. `false`: the stream holds one tree (every
+    /// member under one top-level name), which may become `dest`.
+    pub archive: bool,
+    /// Timeout in milliseconds for the whole transfer; `None`: the daemon's exec timeout.
+    pub timeout_ms: Option<u64>,
+}
+
+/// A download: the file, directory or symlink `src` of the sandbox as one tree (top-level
+/// member: `src`'s last component), packed inside the sandbox by a process confined like an
+/// action. Symlinks are archived as links, never followed; special files are left out.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DownloadRequest {
+    /// Sandbox id.
+    pub id: String,
+    /// Absolute path inside the sandbox (resolved inside it, symlinks included, except the
+    /// last component, which is archived as it is).
+    pub src: String,
+    /// Timeout in milliseconds for the whole transfer; `None`: the daemon's exec timeout.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The outcome of a finished transfer.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TransferInfo {
+    /// Members archived or created (files, directories, symlinks, hard links).
+    pub files: u64,
+    /// Bytes of regular file content.
+    pub bytes: u64,
+    /// Special files (devices, fifos, sockets) left out of a download.
+    pub skipped: u64,
+    /// Files of a download whose size changed while they were read (padded or cut to the
+    /// size first seen).
+    pub changed: u64,
+    /// Wall-clock duration on the daemon's side, milliseconds.
+    pub duration_ms: f64,
 }
 
 /// A typed error answer.

@@ -190,6 +190,18 @@ class GcResult(Structure):
     _fields_ = [("removed", c_uint64), ("bytes", c_uint64)]
 
 
+class TransferResult(Structure):
+    """``BelayerTransferResult``."""
+
+    _fields_ = [
+        ("files", c_uint64),
+        ("bytes", c_uint64),
+        ("skipped", c_uint64),
+        ("changed", c_uint64),
+        ("duration_ms", c_double),
+    ]
+
+
 class Step(Structure):
     """``BelayerStep`` (seconds; negative = unset)."""
 
@@ -479,6 +491,22 @@ def _declare(lib: ctypes.CDLL) -> None:
         "belayer_next_event": ([c_uint64, c_int64, POINTER(Event)], c_int),
         "belayer_event_free": ([POINTER(Event)], None),
         "belayer_unsubscribe": ([c_uint64], c_int),
+        "belayer_upload": (
+            [client, c_char_p, c_char_p, c_char_p, c_uint64, POINTER(TransferResult)],
+            c_int,
+        ),
+        "belayer_download": (
+            [client, c_char_p, c_char_p, c_char_p, c_uint64, POINTER(TransferResult)],
+            c_int,
+        ),
+        "belayer_upload_archive": (
+            [client, c_char_p, c_int, c_char_p, c_uint64, POINTER(TransferResult)],
+            c_int,
+        ),
+        "belayer_download_archive": (
+            [client, c_char_p, c_char_p, c_int, c_uint64, POINTER(TransferResult)],
+            c_int,
+        ),
     }
     for name, (argtypes, restype) in sigs.items():
         fn = getattr(lib, name)

@@ -16,6 +16,7 @@ from ._status import text_arg as _c
 from .actions import ExecResult, InfraFault, Options, result  # noqa: F401 (re-exported)
 from .errors import BelayerError, EventTimeoutError
 from .sandboxes import CheckpointInfo, GcResult, RestoreInfo, SandboxInfo, SandboxMethods
+from .transfer import ClientTransfers, SandboxTransfers, TransferResult  # noqa: F401
 
 REASONS = {
     0: "benefit",
@@ -136,8 +137,8 @@ class _Handle:
             pass
 
 
-class Client(_Handle, SandboxMethods):
-    """A connection to ``belayerd``.
+class Client(_Handle, SandboxMethods, ClientTransfers):
+    """A connection to ``belayerd`` (file transfer: :class:`~belayer.transfer.ClientTransfers`).
 
     Usable as a context manager (closes on exit). One request runs at a time per client;
     calls from several threads are serialized by the library (ctypes releases the GIL while
@@ -360,9 +361,9 @@ class Client(_Handle, SandboxMethods):
         return Subscription(self.socket)
 
 
-class Sandbox:
+class Sandbox(SandboxTransfers):
     """One sandbox, bound to a :class:`Client`. As a context manager it destroys the
-    sandbox on exit."""
+    sandbox on exit. File transfer: :class:`~belayer.transfer.SandboxTransfers`."""
 
     def __init__(self, client: Client, id: str) -> None:
         self.client = client
@@ -494,6 +495,7 @@ __all__ = [
     "Policy",
     "Decision",
     "Event",
+    "TransferResult",
     "abi_version",
     "library_version",
     "library_path",

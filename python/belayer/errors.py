@@ -134,6 +134,21 @@ class RestoreTimedOutError(RestoreFailedError):
     ready checkpoint untouched: restoring again may succeed."""
 
 
+class TransferFailedError(BelayerError):
+    """A file transfer failed: an archive member refused by the hardening rules (a ``..`` or
+    absolute name, a device node, a symlink where a parent directory must be), a source that
+    cannot be read, the helper killed, the transfer cancelled."""
+
+
+class NoSpaceError(BelayerError):
+    """The sandbox's disk limit (or the host file system, for a download) ran out during a
+    transfer."""
+
+
+class TransferTimedOutError(BelayerError, builtins.TimeoutError):
+    """A file transfer ran past its timeout, or its helper made no progress for 30 s."""
+
+
 class PanicError(BelayerError):
     """The library caught an internal panic."""
 
@@ -186,5 +201,8 @@ ERRORS: Dict[int, Type[BelayerError]] = {
     -33: NotFoundError,
     -34: BusyError,
     -35: RestoreTimedOutError,
+    -36: TransferFailedError,
+    -37: NoSpaceError,
+    -38: TransferTimedOutError,
     -99: PanicError,
 }

@@ -52,6 +52,16 @@ pub enum Command {
     },
     /// Drop checkpoints by age or rollout tag.
     Gc(GcArgs),
+    /// Copy a file or directory between the host and a sandbox: `cp SRC ID:DST` or
+    /// `cp ID:SRC DST`.
+    ///
+    /// An existing directory DST takes SRC under its own name; anything else becomes DST
+    /// (its parent must exist; `DST/` must be an existing directory). `-` as SRC reads a tar
+    /// archive from stdin (extracted into the existing directory ID:DST), `-` as DST writes
+    /// the tar of ID:SRC to stdout. A host path with a `:` before its first `/` is written
+    /// `./a:b`. Symlinks are copied as links; inside the sandbox nothing is ever written
+    /// through one, and a download never writes outside DST.
+    Cp(CpArgs),
     /// Agentic rollouts on recorded trajectories under failure injection, with a report.
     Rollout(crate::rollout::RolloutArgs),
     /// Benchmarks: runs `belayer-bench ARGS...` (installed next to `belayer`).
@@ -247,6 +257,18 @@ pub struct RestoreArgs {
     /// becomes the ready checkpoint and the checkpoints taken after it are dropped.
     #[arg(long, value_name = "K")]
     pub prefix: Option<u64>,
+}
+
+/// Arguments of `cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// Source: a host path, `-` (a tar on stdin), or ID:PATH.
+    pub src: String,
+    /// Destination: a host path, `-` (a tar on stdout), or ID:PATH.
+    pub dst: String,
+    /// Timeout of the transfer in seconds (default: the daemon's exec timeout).
+    #[arg(long)]
+    pub timeout: Option<f64>,
 }
 
 /// Arguments of `gc`.

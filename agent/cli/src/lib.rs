@@ -6,11 +6,13 @@
 //! daemon cannot be reached.
 //!
 //! Modules: [`args`] (the clap tree), [`client`] (requests and their errors), [`output`]
-//! (tables and JSON), [`embedded`] (a private `belayerd` child when none answers), [`forward`]
+//! (tables and JSON), [`copy`] (`cp` between the host and a sandbox), [`embedded`] (a private
+//! `belayerd` child when none answers), [`forward`]
 //! (commands served by the other Belayer programs), [`rollout`] (the main job: rollouts on
 //! recorded trajectories under failure injection) and [`report`] (its report).
 //!
-//! Dependencies and why: `belayer-ipc` (protocol and client), `clap` (command line),
+//! Dependencies and why: `belayer-ipc` (protocol and client), `belayer-transfer` (the hardened
+//! tar packing and extraction of `cp`), `clap` (command line),
 //! `serde`/`serde_json` (JSON output, trajectories, the report), `indicatif` (rollout progress
 //! bars), `plotters` (SVG plots of the report, no system fonts needed), `blake3` (the seeded
 //! failure schedule), `nix`/`libc` (signals: the injected fail-stops, SIGPIPE), `thiserror`
@@ -21,6 +23,7 @@
 
 pub mod args;
 pub mod client;
+pub mod copy;
 pub mod embedded;
 pub mod forward;
 pub mod output;
@@ -150,6 +153,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 tag: a.tag,
             },
         )?),
+        Command::Cp(a) => return copy::run(&mut c, &a.src, &a.dst, a.timeout, cli.json),
         Command::Rollout(_)
         | Command::Bench(_)
         | Command::MemoryServer(_)

@@ -160,6 +160,9 @@ impl Printer {
                 Response::MaybeCheckpoint(m) => json!(m),
                 Response::Context(c) => json!(c),
                 Response::Subscribed => json!({ "subscribed": true }),
+                Response::TransferReady { chunk_bytes } => json!({ "chunk_bytes": chunk_bytes }),
+                Response::DownloadChunk { data } => json!({ "chunk_bytes": data.len() }),
+                Response::Transferred(t) => json!(t),
             };
             print_json(&v);
             return;
@@ -277,6 +280,8 @@ impl Printer {
                 c.record
             ),
             Response::Subscribed => println!("subscribed"),
+            Response::TransferReady { .. } | Response::DownloadChunk { .. } => {}
+            Response::Transferred(t) => println!("copied {} entries ({} bytes)", t.files, t.bytes),
         }
     }
 }

@@ -30,6 +30,7 @@ mod image_api;
 mod reap;
 pub mod rollout_api;
 mod start;
+mod transfer_api;
 
 pub use start::StartError;
 
@@ -470,6 +471,14 @@ impl Agent {
                 code: ErrorCode::BadRequest,
                 message: "subscribe is served by the socket server, not dispatched".into(),
             }),
+            Request::Upload(_) | Request::Download(_) => Response::Error(ErrorReply {
+                code: ErrorCode::BadRequest,
+                message: "transfers are streamed by the socket server, not dispatched".into(),
+            }),
+            Request::UploadChunk { .. } | Request::TransferCancel => Response::Error(ErrorReply {
+                code: ErrorCode::BadRequest,
+                message: "no upload in progress on this connection".into(),
+            }),
         }
     }
 }
@@ -492,6 +501,17 @@ impl belayer_ipc::Handler for Agent {
             "request"
         );
         self.dispatch(caller, request, fds)
+    }
+
+    fn transfer(
+        &self,
+        caller: &Caller,
+        request: Request,
+        link: &mut belayer_ipc::TransferLink<'_>,
+    ) -> Response {
+        let peer = &caller.cred;
+        tracing::debug!(pid = peer.pid, uid = peer.uid, request = %brief::Brief(&request), "transfer");
+        Agent::transfer(self, caller, request, link)
     }
 
     fn subscribe(&self, peer: &PeerCred) -> Option<std::sync::mpsc::Receiver<Event>> {

@@ -180,6 +180,18 @@
 // ready checkpoint untouched (restoring again may succeed).
 #define BELAYER_E_RESTORE_TIMED_OUT -35
 
+// Daemon: a file transfer failed (an archive member refused by the hardening rules, the
+// helper killed, the transfer cancelled); on the host side of `belayer_upload` /
+// `belayer_download`: a source that cannot be read or a member refused on extraction.
+#define BELAYER_E_TRANSFER_FAILED -36
+
+// Daemon: the sandbox's disk limit was reached while a transfer wrote into it (or the host
+// file system filled while a download was extracted).
+#define BELAYER_E_NO_SPACE -37
+
+// Daemon: a file transfer ran past its timeout, or its helper made no progress for 30 s.
+#define BELAYER_E_TRANSFER_TIMED_OUT -38
+
 // An internal panic was caught.
 #define BELAYER_E_PANIC -99
 
@@ -506,6 +518,21 @@ typedef struct BelayerCreateOptions {
   // `BELAYER_USERNS_*`; any other value is `BELAYER_E_INVALID_ARGUMENT`.
   int userns;
 } BelayerCreateOptions;
+
+// Outcome of a file transfer ([`belayer_upload`], [`belayer_download`] and their archive
+// forms): plain values, nothing to free.
+typedef struct BelayerTransferResult {
+  // Members created or archived (files, directories, symlinks, hard links).
+  uint64_t files;
+  // Bytes of regular file content.
+  uint64_t bytes;
+  // Special files (devices, fifos, sockets) left out of a download.
+  uint64_t skipped;
+  // Files of a download whose size changed while they were read.
+  uint64_t changed;
+  // The daemon's duration of the transfer, milliseconds.
+  double duration_ms;
+} BelayerTransferResult;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1075,6 +1102,83 @@ int belayer_sandbox_destroy(BelayerClient client,
 //
 // Thread-safety: any thread; each thread sees its own last error.
 const char *belayer_last_error(void);
+
+// Uploads the host file, directory or symlink `host_src` (read with this process's rights)
+// to `sandbox_dst` in sandbox `id`: an existing directory takes it under its own name,
+// anything else becomes `sandbox_dst` (its parent must exist; a trailing `/` needs an
+// existing directory). Extraction runs inside the sandbox and never writes through a
+// symlink. `timeout_ms`: the transfer's timeout (0: the daemon's default). Stores the
+// outcome in `*out` when `out` is not NULL (nothing to free).
+//
+// Errors: `BELAYER_E_INVALID_ARGUMENT`; `BELAYER_E_NOT_FOUND` (source, destination or its
+// parent missing), `BELAYER_E_NO_SPACE` (the sandbox's disk limit), `BELAYER_E_TRANSFER_FAILED`
+// (a source that cannot be read, a member refused), `BELAYER_E_TRANSFER_TIMED_OUT`, and the
+// daemon's other codes (`BELAYER_E_UNKNOWN_SANDBOX`, `BELAYER_E_INVALID_STATE`, ...).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id`, `host_src` and `sandbox_dst` are NUL-terminated strings; `out` is NULL or valid for
+// writes.
+int belayer_upload(BelayerClient client,
+                   const char *id,
+                   const char *host_src,
+                   const char *sandbox_dst,
+                   uint64_t timeout_ms,
+                   struct BelayerTransferResult *out);
+
+// Downloads `sandbox_src` of sandbox `id` (packed inside the sandbox; symlinks stay links,
+// special files are left out) to the host path `host_dst`: an existing directory takes it
+// under its own name, anything else becomes `host_dst` (its parent must exist). Nothing is
+// written outside `host_dst` or through a symlink beneath it. `timeout_ms` and `out` as for
+// [`belayer_upload`].
+//
+// Errors: as [`belayer_upload`]; `BELAYER_E_TRANSFER_FAILED` also for a member refused on
+// the host (what was extracted before stays).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id`, `sandbox_src` and `host_dst` are NUL-terminated strings; `out` is NULL or valid for
+// writes.
+int belayer_download(BelayerClient client,
+                     const char *id,
+                     const char *sandbox_src,
+                     const char *host_dst,
+                     uint64_t timeout_ms,
+                     struct BelayerTransferResult *out);
+
+// Uploads the tar archive read from descriptor `fd` (to its end; not closed) into the
+// existing directory `sandbox_dst` of sandbox `id`, every member under its own name (any
+// number of top-level members). `timeout_ms` and `out` as for [`belayer_upload`].
+//
+// Errors: as [`belayer_upload`] (`BELAYER_E_NOT_FOUND` when `sandbox_dst` is no directory).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` and `sandbox_dst` are NUL-terminated strings; `fd` is an open descriptor; `out` is
+// NULL or valid for writes.
+int belayer_upload_archive(BelayerClient client,
+                           const char *id,
+                           int fd,
+                           const char *sandbox_dst,
+                           uint64_t timeout_ms,
+                           struct BelayerTransferResult *out);
+
+// Writes the tar archive of `sandbox_src` of sandbox `id` (one tree named after its last
+// component) to descriptor `fd` (not closed). `timeout_ms` and `out` as for
+// [`belayer_upload`].
+//
+// Errors: as [`belayer_download`]; `BELAYER_E_CONNECT` also when writing to `fd` fails.
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` and `sandbox_src` are NUL-terminated strings; `fd` is an open descriptor; `out` is
+// NULL or valid for writes.
+int belayer_download_archive(BelayerClient client,
+                             const char *id,
+                             const char *sandbox_src,
+                             int fd,
+                             uint64_t timeout_ms,
+                             struct BelayerTransferResult *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -28,6 +28,9 @@ pub fn status_of(code: ErrorCode) -> c_int {
         ErrorCode::NotFound => BELAYER_E_NOT_FOUND,
         ErrorCode::Busy => BELAYER_E_BUSY,
         ErrorCode::RestoreTimedOut => BELAYER_E_RESTORE_TIMED_OUT,
+        ErrorCode::TransferFailed => BELAYER_E_TRANSFER_FAILED,
+        ErrorCode::NoSpace => BELAYER_E_NO_SPACE,
+        ErrorCode::TransferTimedOut => BELAYER_E_TRANSFER_TIMED_OUT,
     }
 }
 
@@ -72,34 +75,38 @@ pub(crate) fn call_using(
             };
             Err(Failure::new(code, error_chain(&err)))
         }
-        Err(err) => {
-            // A frame that arrives whole but does not decode means the two sides disagree on
-            // the message types: a library and a daemon from different builds.
-            let skew = matches!(
-                &err,
-                belayer_ipc::ClientError::Receive {
-                    source: FrameError::Decode { .. } | FrameError::TrailingBytes { .. },
-                    ..
-                }
-            );
-            let (code, hint) = if skew {
-                (
-                    BELAYER_E_PROTOCOL,
-                    " (libbelayer and belayerd come from different builds)",
-                )
-            } else {
-                (BELAYER_E_CONNECT, "")
-            };
-            Err(Failure::new(
-                code,
-                format!(
-                    "daemon at {}: {}{hint}",
-                    client.path().display(),
-                    error_chain(&err)
-                ),
-            ))
-        }
+        Err(err) => Err(connection_failure(&client, &err)),
     }
+}
+
+/// The failure of a call on `client` that did not get an answer: `BELAYER_E_PROTOCOL` for
+/// version skew, else `BELAYER_E_CONNECT`.
+pub(crate) fn connection_failure(client: &Client, err: &belayer_ipc::ClientError) -> Failure {
+    // A frame that arrives whole but does not decode means the two sides disagree on the
+    // message types: a library and a daemon from different builds.
+    let skew = matches!(
+        err,
+        belayer_ipc::ClientError::Receive {
+            source: FrameError::Decode { .. } | FrameError::TrailingBytes { .. },
+            ..
+        }
+    );
+    let (code, hint) = if skew {
+        (
+            BELAYER_E_PROTOCOL,
+            " (libbelayer and belayerd come from different builds)",
+        )
+    } else {
+        (BELAYER_E_CONNECT, "")
+    };
+    Failure::new(
+        code,
+        format!(
+            "daemon at {}: {}{hint}",
+            client.path().display(),
+            error_chain(err)
+        ),
+    )
 }
 
 pub(crate) fn c_string(s: String, what: &str) -> Result<*mut c_char, Failure> {

@@ -6,7 +6,7 @@
 //! `belayer_gpu_health_check`, module `memory`), so one library serves both. Modules, one per
 //! resource: `status` (status codes, the per-thread last error, the panic guard), `types`,
 //! `handles`, `convert`, `library`, `connection`, `sandbox`, `listing`, `exec`, `checkpoint`, `context`, `events`,
-//! `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
+//! `transfer`, `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
 //! `BELAYER_BLESS=1 cargo test -p belayer-capi --test header` rewrites it).
 //!
 //! # Conventions
@@ -31,6 +31,7 @@
 //! # Dependencies
 //!
 //! - `belayer-ipc`: the protocol, the client, and the memory-server worker client.
+//! - `belayer-transfer`: the hardened tar packing and extraction of the file transfers.
 #![warn(missing_docs)]
 
 use std::ffi::c_int;
@@ -44,6 +45,9 @@ pub use crate::status::{
     BELAYER_E_PROTOCOL, BELAYER_E_REFUSED, BELAYER_E_RESTORE_FAILED, BELAYER_E_RESTORE_TIMED_OUT,
     BELAYER_E_TIMEOUT, BELAYER_E_UNKNOWN_IMAGE, BELAYER_E_UNKNOWN_SANDBOX, BELAYER_E_UNSUPPORTED,
     BELAYER_OK,
+};
+pub use crate::status::{
+    BELAYER_E_NO_SPACE, BELAYER_E_TRANSFER_FAILED, BELAYER_E_TRANSFER_TIMED_OUT,
 };
 pub use memory::*;
 
@@ -90,6 +94,7 @@ mod listing;
 mod memory;
 mod sandbox;
 mod status;
+mod transfer;
 mod types;
 
 pub use checkpoint::*;
@@ -101,6 +106,7 @@ pub use exec::*;
 pub use library::*;
 pub use listing::*;
 pub use sandbox::*;
+pub use transfer::*;
 pub use types::*;
 
 #[cfg(test)]

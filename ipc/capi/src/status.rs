@@ -69,6 +69,15 @@ pub const BELAYER_E_BUSY: c_int = -34;
 /// Daemon: a CRIU restore ran past its time limit and was killed; the sandbox is failed, its
 /// ready checkpoint untouched (restoring again may succeed).
 pub const BELAYER_E_RESTORE_TIMED_OUT: c_int = -35;
+/// Daemon: a file transfer failed (an archive member refused by the hardening rules, the
+/// helper killed, the transfer cancelled); on the host side of `belayer_upload` /
+/// `belayer_download`: a source that cannot be read or a member refused on extraction.
+pub const BELAYER_E_TRANSFER_FAILED: c_int = -36;
+/// Daemon: the sandbox's disk limit was reached while a transfer wrote into it (or the host
+/// file system filled while a download was extracted).
+pub const BELAYER_E_NO_SPACE: c_int = -37;
+/// Daemon: a file transfer ran past its timeout, or its helper made no progress for 30 s.
+pub const BELAYER_E_TRANSFER_TIMED_OUT: c_int = -38;
 /// An internal panic was caught.
 pub const BELAYER_E_PANIC: c_int = -99;
 

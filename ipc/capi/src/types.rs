@@ -349,3 +349,20 @@ pub struct BelayerGcResult {
     /// Bytes freed (checkpoint artifacts and blobs no checkpoint refers to any more).
     pub bytes: u64,
 }
+
+/// Outcome of a file transfer ([`belayer_upload`], [`belayer_download`] and their archive
+/// forms): plain values, nothing to free.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BelayerTransferResult {
+    /// Members created or archived (files, directories, symlinks, hard links).
+    pub files: u64,
+    /// Bytes of regular file content.
+    pub bytes: u64,
+    /// Special files (devices, fifos, sockets) left out of a download.
+    pub skipped: u64,
+    /// Files of a download whose size changed while they were read.
+    pub changed: u64,
+    /// The daemon's duration of the transfer, milliseconds.
+    pub duration_ms: f64,
+}

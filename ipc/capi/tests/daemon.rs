@@ -45,10 +45,19 @@ fn last_error() -> String {
 }
 
 fn compile(out: &Path, extra: &[&str]) {
+    compile_program("cycle.c", out, extra);
+}
+
+/// Compiles `tests/c/<source>` into `out` with `extra` arguments (libraries).
+fn compile_program(source: &str, out: &Path, extra: &[&str]) {
     let status = Command::new("cc")
         .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o"])
         .arg(out)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cycle.c"))
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/c")
+                .join(source),
+        )
         .arg("-I")
         .arg(include_dir())
         .args(extra)
@@ -69,6 +78,8 @@ fn the_shared_library_exports_the_daemon_and_memory_server_functions() {
     for f in [
         "belayer_abi_version",
         "belayer_connect",
+        "belayer_upload",
+        "belayer_download_archive",
         "belayer_maybe_checkpoint",
         "belayer_next_event",
         "belayer_last_error",
@@ -128,6 +139,41 @@ fn the_c_program_runs_a_full_cycle() {
     );
     assert!(stdout.contains("cycle ok"), "{stdout}");
     println!("{stdout}");
+}
+
+#[test]
+fn the_c_transfer_program_copies_both_ways_and_keeps_the_canary() {
+    let daemon = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let lib_dir = lib_dir();
+    let exe = dir.path().join("transfer");
+    compile_program(
+        "transfer.c",
+        &exe,
+        &[
+            &format!("-L{}", lib_dir.display()),
+            "-lbelayer",
+            &format!("-Wl,-rpath,{}", lib_dir.display()),
+        ],
+    );
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .arg(&daemon.socket)
+        .arg(busybox_rootfs())
+        .arg(&scratch)
+        .output()
+        .expect("run transfer");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "transfer failed ({}):\n{stdout}\n{stderr}\n{}",
+        out.status,
+        daemon.log_text()
+    );
+    assert!(stdout.contains("transfer ok"), "{stdout}");
 }
 
 #[test]

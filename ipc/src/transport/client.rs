@@ -1,4 +1,7 @@
-//! The blocking client: one connection, one request at a time.
+//! The blocking client: one connection, one request at a time; streaming transfers in
+//! [`transfer`].
+
+pub(crate) mod transfer;
 
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -94,6 +97,34 @@ pub enum ClientError {
         /// The fd-passing error.
         #[source]
         source: FdPassError,
+    },
+    /// The source of an upload failed (reading or packing a host file); the transfer was
+    /// cancelled and the connection stays usable.
+    #[error("the source of upload {id} failed; the transfer was cancelled")]
+    TransferSource {
+        /// Request id.
+        id: u64,
+        /// The source's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Consuming a download failed (writing or extracting it on the host); the transfer was
+    /// cancelled and the connection stays usable.
+    #[error("consuming download {id} failed; the transfer was cancelled")]
+    TransferSink {
+        /// Request id.
+        id: u64,
+        /// The consumer's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The server answered a transfer out of step (e.g. a download chunk during an upload).
+    #[error("unexpected answer during transfer {id}: {answer}")]
+    TransferUnexpected {
+        /// Request id.
+        id: u64,
+        /// The answer, debug-formatted (cut).
+        answer: String,
     },
     /// An image source could not be opened with this process's rights, or is neither a
     /// directory nor a regular file (see [`open_image_source`]).

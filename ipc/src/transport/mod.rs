@@ -16,9 +16,11 @@ use std::os::unix::net::UnixStream;
 
 use nix::sys::socket::{send, MsgFlags};
 
+pub use client::transfer::{DownloadSource, UploadSink};
 pub use client::{open_image_source, Client, ClientError, Subscription};
 pub use creds::{peer_groups, proc_groups, AccessPolicy, Caller, CredsError, PeerCred};
 pub use fdpass::{recv_with_fds, send_with_fds, FdPassError, MAX_FDS_PER_MESSAGE};
+pub use server::{chunk_bytes, Chunk, LinkError, TransferLink};
 pub use server::{
     ConnectionLimits, Handler, LimitsError, Quota, Server, ServerConfig, ServerError, ServerHandle,
     ShutdownTrigger, DEFAULT_SOCKET_MODE, MAX_REQUEST_FDS,

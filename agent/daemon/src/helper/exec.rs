@@ -109,10 +109,10 @@ pub fn main(args: &[String]) -> i32 {
 }
 
 /// What the child needs, all opened by the parent before it entered the mount namespace.
-struct Entry {
-    cgroup_procs: Vec<OwnedFd>,
+pub(super) struct Entry {
+    pub(super) cgroup_procs: Vec<OwnedFd>,
     cgroupns: OwnedFd,
-    userns: Option<OwnedFd>,
+    pub(super) userns: Option<OwnedFd>,
     /// The action's stdin, when the request has bytes for it.
     stdin: Option<StdinCopy>,
 }
@@ -160,6 +160,12 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         .rest()
         .first()
         .ok_or(ExecHelperError::BadArgument("command"))?;
+    // `--builtin pack|unpack`: the child runs the transfer code instead of the shell, and
+    // `command` is the path ([`super::transfer`]).
+    let builtin = args
+        .one("--builtin")
+        .map(|kind| super::transfer::Builtin::parse(kind, command, args))
+        .transpose()?;
     let env: Vec<CString> = args
         .all("--env")
         .into_iter()
@@ -220,6 +226,9 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         ForkResult::Child => {
             drop(report_rd);
             let mut report = fs::File::from(report_wr);
+            if let Some(builtin) = &builtin {
+                super::transfer::child(&entry, &filter, &mut report, builtin);
+            }
             let err = action(&entry, &filter, &mut report, cwd, command, &env);
             let _ = write!(report, "{}", super::init::error_chain(&err));
             // SAFETY: _exit ends the child immediately; always safe.
@@ -227,6 +236,9 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         }
         ForkResult::Parent { child } => {
             drop(report_wr);
+            if builtin.is_some() {
+                return super::transfer::parent(&entry, child, report_rd, timeout_ms, args);
+            }
             // The clock runs from the fork: between joining the sandbox's user namespace and
             // its `execve` the child can be stopped by the sandbox (it is the sandbox's root by
             // then) or held in an open of a sandbox file, and must not hold the helper past
@@ -291,19 +303,7 @@ fn action(
     env: &[CString],
 ) -> SyscallError {
     let mut run = || -> Result<std::convert::Infallible, SyscallError> {
-        // Our pid in the sandbox's pid namespace (the fork made it there), reported before
-        // anything of the sandbox can reach this process: once it is the sandbox's root, the
-        // sandbox may stop it, and a timeout must still be able to kill it from inside.
-        let pid = nix::unistd::getpid();
-        report
-            .write_all(&pid.as_raw().to_ne_bytes())
-            .map_err(|e| SyscallError::io("write", "exec report", e))?;
-        for fd in &entry.cgroup_procs {
-            rustix::io::write(fd, b"0")
-                .map_err(|e| SyscallError::io("write", "cgroup.procs", e.into()))?;
-        }
-        setns(entry.cgroupns.as_fd(), CloneFlags::CLONE_NEWCGROUP)
-            .map_err(|e| SyscallError::new("setns", "cgroup", e))?;
+        enter_cgroup(entry, report)?;
         // In the sandbox's cgroup, still host root: the copy is charged to the sandbox, and
         // its source is the agent's memfd (fd 0), which never blocks.
         let stdin = match &entry.stdin {
@@ -315,11 +315,7 @@ fn action(
             }
             None => None,
         };
-        if let Some(userns) = &entry.userns {
-            super::init::enter_userns(userns.as_fd())?;
-        }
-        // The new session and process group are numbered after us: `pid` (reported above).
-        setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
+        become_sandbox_root(entry)?;
         let null = match stdin {
             Some(_) => None,
             None => Some(sandbox_stdin()?),
@@ -353,9 +349,37 @@ fn action(
     }
 }
 
+/// In the forked child, first: reports our pid in the sandbox's pid namespace (the fork made
+/// it there) before anything of the sandbox can reach this process (once it is the sandbox's
+/// root, the sandbox may stop it, and a timeout must still be able to kill it from inside),
+/// then joins the sandbox's cgroup and cgroup namespace.
+pub(super) fn enter_cgroup(entry: &Entry, report: &mut fs::File) -> Result<(), SyscallError> {
+    let pid = nix::unistd::getpid();
+    report
+        .write_all(&pid.as_raw().to_ne_bytes())
+        .map_err(|e| SyscallError::io("write", "exec report", e))?;
+    for fd in &entry.cgroup_procs {
+        rustix::io::write(fd, b"0")
+            .map_err(|e| SyscallError::io("write", "cgroup.procs", e.into()))?;
+    }
+    setns(entry.cgroupns.as_fd(), CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| SyscallError::new("setns", "cgroup", e))
+}
+
+/// In the forked child, after [`enter_cgroup`]: joins the sandbox's user namespace (unless it
+/// runs in the host's) and leads a new session and process group, numbered after the pid
+/// reported.
+pub(super) fn become_sandbox_root(entry: &Entry) -> Result<(), SyscallError> {
+    if let Some(userns) = &entry.userns {
+        super::init::enter_userns(userns.as_fd())?;
+    }
+    setsid().map_err(|e| SyscallError::new("setsid", "action", e))?;
+    Ok(())
+}
+
 /// What the child reported on its pipe: its pid inside the sandbox (4 bytes), then why it
 /// could not start the action, if it could not.
-enum Report {
+pub(super) enum Report {
     /// The pipe closed (the child executed the action or exited): everything it wrote.
     Closed(Vec<u8>),
     /// The deadline passed first: what had arrived by then.
@@ -364,7 +388,7 @@ enum Report {
 
 impl Report {
     /// The child's pid inside the sandbox, once reported.
-    fn ns_pid(bytes: &[u8]) -> Option<i32> {
+    pub(super) fn ns_pid(bytes: &[u8]) -> Option<i32> {
         bytes
             .get(..4)
             .and_then(|b| <[u8; 4]>::try_from(b).ok())
@@ -424,19 +448,19 @@ fn sandbox_stdin() -> Result<OwnedFd, SyscallError> {
 /// the helper joins the cgroup and sends the signals, so the tracer sees the kill as the
 /// sandbox's own (a timeout is not an infrastructure fault), while the waiting helper itself
 /// never sits in the cgroup (a sandbox that stops itself cannot stop the clock).
-struct Killer<'a> {
-    cgroup_procs: &'a [OwnedFd],
+pub(super) struct Killer<'a> {
+    pub(super) cgroup_procs: &'a [OwnedFd],
     /// The action's pid inside the sandbox's pid namespace (it leads its process group).
-    ns_pid: i32,
+    pub(super) ns_pid: i32,
     /// The same process as the helper sees it.
-    host_pid: Pid,
+    pub(super) host_pid: Pid,
 }
 
 /// How long the helper waits for the timeout killer, milliseconds.
 const KILLER_WAIT_MS: u64 = 1000;
 
 impl Killer<'_> {
-    fn kill(&self) {
+    pub(super) fn kill(&self) {
         // SAFETY: this helper is single-threaded; the child only makes raw syscalls.
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {

@@ -14,7 +14,9 @@
 //!   "Environment-state recovery": each trajectory runs in its own sandbox).
 //! - `exec` ([`exec`]): runs one action inside an existing sandbox;
 //! - `tree` ([`tree`]): streams a tar of a directory a client passed, read with that
-//!   client's uid, gid and groups (image import for non-root peers).
+//!   client's uid, gid and groups (image import for non-root peers);
+//! - `exec --builtin unpack|pack` ([`transfer`]): file transfer into and out of a sandbox, run
+//!   in process by a confined child of the sandbox instead of a shell.
 //!
 //! [`seccomp`]: the seccomp filter sandbox processes must run under ("Confinement"), for the
 //! helpers to install right before they exec sandbox code.
@@ -25,7 +27,10 @@ pub mod image;
 pub mod init;
 pub mod mount;
 pub mod seccomp;
+pub mod transfer;
 pub mod tree;
+
+pub use exec::KILL_GRACE;
 
 /// First argument that selects helper mode.
 pub const HELPER_ARG: &str = "__belayer-helper";

@@ -26,6 +26,7 @@ pub mod netns;
 pub mod pid_counter;
 pub mod remove;
 pub mod restore;
+pub mod transfer;
 pub mod unrestorable;
 mod watches;
 

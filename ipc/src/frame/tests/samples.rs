@@ -85,9 +85,13 @@ pub(super) fn request_variant(request: &Request) -> usize {
         Request::ContextLookup { .. } => 16,
         Request::Subscribe => 17,
         Request::ContextRemove { .. } => 18,
+        Request::Upload(_) => 19,
+        Request::UploadChunk { .. } => 20,
+        Request::TransferCancel => 21,
+        Request::Download(_) => 22,
     }
 }
-pub(super) const REQUEST_VARIANTS: usize = 19;
+pub(super) const REQUEST_VARIANTS: usize = 23;
 
 pub(super) fn response_variant(response: &Response) -> usize {
     match response {
@@ -107,9 +111,12 @@ pub(super) fn response_variant(response: &Response) -> usize {
         Response::MaybeCheckpoint(_) => 13,
         Response::Context(_) => 14,
         Response::Subscribed => 15,
+        Response::TransferReady { .. } => 16,
+        Response::DownloadChunk { .. } => 17,
+        Response::Transferred(_) => 18,
     }
 }
-pub(super) const RESPONSE_VARIANTS: usize = 16;
+pub(super) const RESPONSE_VARIANTS: usize = 19;
 
 pub(super) fn all_requests() -> Vec<Request> {
     vec![
@@ -218,6 +225,22 @@ pub(super) fn all_requests() -> Vec<Request> {
         Request::ContextRemove {
             trajectory: "t-1@5001".to_owned(),
         },
+        Request::Upload(UploadRequest {
+            id: "sb-1".to_owned(),
+            dest: "/root/work".to_owned(),
+            archive: false,
+            timeout_ms: Some(60_000),
+        }),
+        Request::UploadChunk {
+            data: vec![0, 1, 0xff],
+        },
+        Request::UploadChunk { data: Vec::new() },
+        Request::TransferCancel,
+        Request::Download(DownloadRequest {
+            id: "sb-1".to_owned(),
+            src: "/var/log".to_owned(),
+            timeout_ms: None,
+        }),
     ]
 }
 
@@ -314,6 +337,21 @@ pub(super) fn all_responses() -> Vec<Response> {
             digest: "cd".repeat(32),
         }),
         Response::Subscribed,
+        Response::TransferReady {
+            chunk_bytes: 1 << 20,
+        },
+        Response::DownloadChunk { data: vec![7; 512] },
+        Response::Transferred(TransferInfo {
+            files: 3,
+            bytes: 4096,
+            skipped: 1,
+            changed: 0,
+            duration_ms: 12.5,
+        }),
+        Response::Error(ErrorReply {
+            code: ErrorCode::NoSpace,
+            message: "no space left while writing \"big\"".to_owned(),
+        }),
     ]
 }
 

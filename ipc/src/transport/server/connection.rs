@@ -15,6 +15,7 @@ use super::admission::Activity;
 use super::deadline::{wait_readable, write_all_by};
 use super::handler::MAX_REQUEST_FDS;
 use super::reply::{send_error, send_response};
+use super::transfer::TransferLink;
 use super::Shared;
 use crate::error_chain;
 use crate::frame::{encode_frame, FrameError};
@@ -187,6 +188,18 @@ pub(crate) fn serve_connection(shared: &Shared, conn: &Connection) {
                 }
             }
         }
+        if matches!(envelope.body, Request::Upload(_) | Request::Download(_)) {
+            drop(fds);
+            if !serve_transfer(shared, conn, &caller, id, envelope.body) {
+                return;
+            }
+            continue;
+        }
+        if envelope.body == Request::TransferCancel {
+            // A cancel that crossed the end of its transfer: nothing left to stop, no answer.
+            drop(fds);
+            continue;
+        }
         let handled = panic::catch_unwind(AssertUnwindSafe(|| {
             shared.handler.handle_call(&caller, envelope.body, fds)
         }));
@@ -201,6 +214,37 @@ pub(crate) fn serve_connection(shared: &Shared, conn: &Connection) {
             return;
         }
     }
+}
+
+/// Serves one streaming transfer through [`Handler::transfer`](super::Handler::transfer) and
+/// writes its final response. Returns whether the connection goes on.
+fn serve_transfer(
+    shared: &Shared,
+    conn: &Connection,
+    caller: &Caller,
+    id: u64,
+    request: Request,
+) -> bool {
+    let mut link = TransferLink::new(&conn.stream, id, shared.max_frame, shared.limits);
+    let handled = panic::catch_unwind(AssertUnwindSafe(|| {
+        shared.handler.transfer(caller, request, &mut link)
+    }));
+    let response = handled.unwrap_or_else(|_| {
+        error!(conn = conn.id, request = id, "transfer handler panicked");
+        Response::Error(ErrorReply {
+            code: ErrorCode::Internal,
+            message: "the transfer handler panicked".to_owned(),
+        })
+    });
+    if !link.usable() {
+        debug!(
+            conn = conn.id,
+            request = id,
+            "transfer link broken; closing"
+        );
+        return false;
+    }
+    conn.respond(shared, id, response) && !link.close_after()
 }
 
 /// Whether a receive error is a reset connection surfacing as a read error.

@@ -3,7 +3,8 @@
 use std::os::fd::OwnedFd;
 use std::sync::mpsc::Receiver;
 
-use crate::message::{Event, Request, Response};
+use super::transfer::TransferLink;
+use crate::message::{ErrorCode, ErrorReply, Event, Request, Response};
 use crate::transport::creds::{Caller, PeerCred};
 
 /// Most descriptors one request frame may carry; a frame with more is a bad frame (its
@@ -39,5 +40,18 @@ pub trait Handler: Send + Sync + 'static {
     fn subscribe(&self, peer: &PeerCred) -> Option<Receiver<Event>> {
         let _ = peer;
         None
+    }
+
+    /// Serves a streaming transfer ([`Request::Upload`] or [`Request::Download`]) from
+    /// `caller`: reads upload chunks from and writes download chunks to `link`, and returns
+    /// the final response, which the server writes unless the link broke (then it closes the
+    /// connection). The default answers [`ErrorCode::Unsupported`]. A panic is caught and
+    /// answered like one in [`handle`](Self::handle).
+    fn transfer(&self, caller: &Caller, request: Request, link: &mut TransferLink<'_>) -> Response {
+        let _ = (caller, request, link);
+        Response::Error(ErrorReply {
+            code: ErrorCode::Unsupported,
+            message: "this server does not transfer files".to_owned(),
+        })
     }
 }

@@ -11,7 +11,8 @@
 //! - `connection`: the thread of one connection (idle wait, frame, handler, response, event
 //!   stream);
 //! - `deadline`: socket reads and writes bounded in time;
-//! - `reply`: responses and refusals on the wire.
+//! - `reply`: responses and refusals on the wire;
+//! - `transfer`: the [`TransferLink`] of a streaming upload or download.
 //!
 //! The accept loop never waits on a peer: it reads the peer's credentials, checks the access
 //! policy and the quotas, and answers a refused peer with one non-blocking `send` before
@@ -24,6 +25,7 @@ mod connection;
 mod deadline;
 mod handler;
 mod reply;
+mod transfer;
 
 use std::fs;
 use std::io;
@@ -46,6 +48,7 @@ pub use self::config::{ConnectionLimits, LimitsError, Quota, ServerConfig, DEFAU
 use self::connection::{serve_connection, Connection};
 pub use self::handler::{Handler, MAX_REQUEST_FDS};
 use self::reply::refuse_now;
+pub use self::transfer::{chunk_bytes, Chunk, LinkError, TransferLink};
 use super::creds::{AccessPolicy, PeerCred};
 use super::socket::{bind_socket, BindError, BoundSocket};
 use crate::error_chain;
