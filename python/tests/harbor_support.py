@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -103,6 +104,31 @@ class HostKiller(threading.Thread):
     def stop(self) -> None:
         self.done.set()
         self.join(10)
+
+
+def make_env(daemon: Daemon, tmp_path: Path, dockerfile_text: Optional[str] = None,
+             env_config: Optional[Dict[str, object]] = None, **options: object) -> object:
+    """A ``BelayerEnvironment`` (not started) on ``daemon`` for a task whose environment
+    directory is ``tmp_path/environment`` (with ``dockerfile_text`` as its Dockerfile, else
+    the prebuilt ``debian`` image) and ``env_config`` its ``[environment]`` table."""
+    from harbor.models.task.config import EnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from belayer.integrations.harbor import BelayerEnvironment
+
+    env_dir = tmp_path / "environment"
+    env_dir.mkdir(exist_ok=True)
+    if dockerfile_text is not None:
+        (env_dir / "Dockerfile").write_text(dockerfile_text)
+    trial = TrialPaths(tmp_path / "trial")
+    trial.mkdir()
+    return BelayerEnvironment(
+        environment_dir=env_dir, environment_name="t", session_id=f"t-{uuid.uuid4().hex[:6]}",
+        trial_paths=trial,
+        task_env_config=EnvironmentConfig(docker_image=None if dockerfile_text else "debian",
+                                          **(env_config or {})),
+        socket=daemon.socket, **options,
+    )
 
 
 def start_daemon() -> Daemon:

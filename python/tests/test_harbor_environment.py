@@ -1,12 +1,13 @@
 """The Belayer Harbor environment driven directly (start, exec, files, stop), its recovery
-from host-side kills between and during actions, and the Dockerfile subset it honours."""
+from host-side kills between and during actions, the task's resource limits, a cancelled
+action, and the Dockerfile subset it honours (directory copies: test_harbor_files.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
-import uuid
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -15,8 +16,6 @@ import pytest
 pytest.importorskip("harbor.environments.base")
 
 from harbor.environments.base import SandboxBuildFailedError  # noqa: E402
-from harbor.models.task.config import EnvironmentConfig  # noqa: E402
-from harbor.models.trial.paths import TrialPaths  # noqa: E402
 
 import belayer  # noqa: E402
 from belayer.integrations.harbor import (  # noqa: E402
@@ -24,7 +23,7 @@ from belayer.integrations.harbor import (  # noqa: E402
     UnsupportedDockerfileError,
 )
 from belayer.integrations.harbor import dockerfile  # noqa: E402
-from harbor_support import start_daemon  # noqa: E402
+from harbor_support import make_env, start_daemon  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,21 +31,6 @@ def harbor_daemon() -> Iterator[object]:
     d = start_daemon()
     yield d
     d.cleanup()
-
-
-def make_env(daemon, tmp_path: Path, dockerfile_text=None, **options) -> BelayerEnvironment:
-    env_dir = tmp_path / "environment"
-    env_dir.mkdir(exist_ok=True)
-    if dockerfile_text is not None:
-        (env_dir / "Dockerfile").write_text(dockerfile_text)
-    trial = TrialPaths(tmp_path / "trial")
-    trial.mkdir()
-    return BelayerEnvironment(
-        environment_dir=env_dir, environment_name="t", session_id=f"t-{uuid.uuid4().hex[:6]}",
-        trial_paths=trial,
-        task_env_config=EnvironmentConfig(docker_image=None if dockerfile_text else "debian"),
-        socket=daemon.socket, **options,
-    )
 
 
 def kill_all(daemon, sandbox: str) -> int:
@@ -129,6 +113,57 @@ def test_adaptive_policy_replays_uncovered_actions(harbor_daemon, tmp_path: Path
             await env.stop(delete=True)
 
     asyncio.run(main())
+
+
+def test_task_resources_become_sandbox_limits(harbor_daemon, tmp_path: Path) -> None:
+    assert BelayerEnvironment.resource_capabilities().model_dump() == {
+        "cpu_limit": True, "cpu_request": False, "memory_limit": True,
+        "memory_request": False, "fractional_cpus": True}
+
+    async def main() -> None:
+        env = make_env(harbor_daemon, tmp_path, pids_max=200,
+                       env_config={"cpus": 1.5, "memory_mb": 768, "storage_mb": 2048})
+        await env.start(force_build=False)
+        try:
+            info = await env._backend.info()
+            assert (info.cpus, info.memory_max, info.disk_max, info.pids_max) == (
+                1.5, 768 << 20, 2048 << 20, 200)
+            assert env._record["limits"] == {"cpus": 1.5, "memory_max": 768 << 20,
+                                             "disk_max": 2048 << 20, "pids_max": 200}
+        finally:
+            await env.stop(delete=True)
+
+    asyncio.run(main())
+    # Reservations are not offered: Harbor refuses the modes that need them.
+    from harbor.models.trial.config import ResourceMode
+
+    (tmp_path / "request").mkdir()
+    with pytest.raises(ValueError, match="CPU resource requests"):
+        make_env(harbor_daemon, tmp_path / "request", env_config={"cpus": 1},
+                 cpu_enforcement_policy=ResourceMode.REQUEST)
+
+
+def test_stop_after_a_cancelled_action(harbor_daemon, tmp_path: Path) -> None:
+    # Harbor cancels the agent's task on its timeout, then stops the environment: the
+    # cancelled action still holds its connection, stop destroys the sandbox on the other
+    # one (killing the action) and closes the client without hanging.
+    async def main() -> str:
+        env = make_env(harbor_daemon, tmp_path)
+        await env.start(force_build=False)
+        task = asyncio.create_task(env.exec("sleep 1000"))
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        sandbox = env._backend.id
+        started = time.monotonic()
+        await env.stop(delete=True)
+        assert time.monotonic() - started < 10
+        return sandbox
+
+    sandbox = asyncio.run(main())
+    with belayer.Client(harbor_daemon.socket) as c:
+        assert sandbox not in [sb.id for sb in c.list_sandboxes()]
 
 
 def test_dockerfile_steps_run_at_start(harbor_daemon, tmp_path: Path) -> None:

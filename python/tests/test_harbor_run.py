@@ -27,6 +27,8 @@ def test_task_reaches_its_reward(harbor_daemon, tmp_path: Path) -> None:
     assert result["verifier_result"]["rewards"] == {"reward": 1.0}
     assert record["from"] == "python:3.11-slim-bookworm" and record["image"] == "python"
     assert record["checkpoints"] > 0 and recoveries(record) == []
+    # task.toml's resources, as the sandbox's limits.
+    assert record["limits"] == {"cpus": 1.0, "memory_max": 2048 << 20, "disk_max": 4096 << 20}
     assert (trial["dir"] / "verifier" / "test-stdout.txt").read_text().startswith(
         "out.txt: ALPHA BETA GAMMA DELTA EPSILON ; tally: 5; built: hello")
     assert sandbox_count(harbor_daemon) == 0

@@ -324,15 +324,57 @@ def test_env_forward_env_cwd_and_interpreter(daemon: Daemon, monkeypatch) -> Non
     env.cleanup()  # idempotent
 
 
-def test_limits_the_client_cannot_pass_are_refused(daemon: Daemon) -> None:
-    import inspect
-
-    if "memory_max" in inspect.signature(belayer.Client.create_sandbox).parameters:
-        env = BelayerEnvironment(image="busybox", socket=daemon.socket, memory_max=256 << 20)
+def test_limits_reach_the_sandbox(daemon: Daemon) -> None:
+    env = BelayerEnvironment(image="busybox", socket=daemon.socket, memory_max=256 << 20,
+                             pids_max=64, cpus=0.5, disk_max=128 << 20)
+    try:
+        info = env.sandbox.info()
+        assert (info.memory_max, info.pids_max, info.cpus, info.disk_max) == (
+            256 << 20, 64, 0.5, 128 << 20)
+    finally:
         env.cleanup()
-    else:
-        with pytest.raises(ValueError, match="memory_max"):
-            BelayerEnvironment(image="busybox", socket=daemon.socket, memory_max=256 << 20)
+    # Unset limits stay the daemon's defaults; a bad one is refused before any sandbox.
+    env = BelayerEnvironment(image="busybox", socket=daemon.socket, pids_max=32)
+    try:
+        info = env.sandbox.info()
+        assert info.pids_max == 32 and info.disk_max is not None  # the daemon's default
+    finally:
+        env.cleanup()
+    with pytest.raises(ValueError, match="cpus"):
+        BelayerEnvironment(image="busybox", socket=daemon.socket, cpus=-1.0)
+
+
+def test_restore_to_an_earlier_prefix(daemon: Daemon) -> None:
+    """``restore(prefix=k)`` goes back to the checkpoint of boundary k (the sandbox alive):
+    the files and L_k of step k, the later checkpoints dropped; an unknown prefix changes
+    nothing."""
+    env = BelayerEnvironment(image="busybox", socket=daemon.socket, cwd="/root/w")
+    try:
+        steps = ["echo 1 > n", "echo 2 > n", "echo 3 > n",
+                 "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; cat n"]
+        model = DeterministicModel(outputs=[make_output("ok", [{"command": c}]) for c in steps])
+        agent = BelayerAgent(model, env, system_template="s", instance_template="t",
+                             checkpoint_every=1, cost_limit=0)
+        assert agent.run() == {"exit_status": "Submitted", "submission": "3\n"}
+        assert [c.prefix for c in env.sandbox.checkpoints()] == [1, 2, 3]
+
+        with pytest.raises(belayer.NotFoundError):
+            env.restore(prefix=7)
+        assert env.execute({"command": "cat n"})["output"] == "3\n"
+
+        k, context = env.restore(prefix=1)
+        assert k == 1 and load_context(agent, context) == 1
+        assert len(agent.messages) == 2 + 2 * 1 and model.current_index == 0
+        assert env.execute({"command": "cat n"})["output"] == "1\n"
+        assert [c.prefix for c in env.sandbox.checkpoints()] == [1]
+        # The agent goes on from step 1 with the model's next answer.
+        model.config.outputs[1] = make_output("ok", [{"command": (
+            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo $(( $(cat n) + 10 ))")}])
+        with pytest.raises(Submitted) as submitted:
+            agent.step()
+        assert submitted.value.messages[0]["extra"]["submission"] == "11\n"
+    finally:
+        env.cleanup()
 
 
 def test_selected_by_class_path_from_a_config(daemon: Daemon, tmp_path: Path) -> None:
@@ -437,3 +479,4 @@ def test_readme_snippet_runs(daemon: Daemon, python_image: str, tmp_path: Path) 
                          timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr + daemon.log()[-4000:]
     assert "Submitted 2" in out.stdout and "restored at prefix 2: 2" in out.stdout
+    assert "back at prefix 1: 1" in out.stdout

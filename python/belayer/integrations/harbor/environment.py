@@ -24,7 +24,10 @@ from typing import Any, Dict, List, Literal, Optional
 
 import belayer
 from harbor.environments.base import BaseEnvironment, ExecResult, SandboxBuildFailedError
-from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.environments.capabilities import (
+    EnvironmentCapabilities,
+    EnvironmentResourceCapabilities,
+)
 from harbor.environments.definition import (
     COMPOSE_FILE_NAME,
     DOCKERFILE_NAME,
@@ -72,6 +75,11 @@ class BelayerOptions(EnvironmentOptions):
     failure_p: Optional[float] = Field(
         default=None, ge=0.0, le=1.0,
         description="Failure probability per action for the adaptive policy.",
+    )
+    pids_max: Optional[int] = Field(
+        default=None, ge=1,
+        description="Most processes and threads of the sandbox at once (Harbor's task "
+        "config has no such limit; default: the daemon's).",
     )
     max_restores: int = Field(
         default=3, ge=0, description="Restores tried for one operation before giving up."
@@ -144,6 +152,30 @@ class BelayerEnvironment(BaseEnvironment):
         return EnvironmentCapabilities()
 
     @classmethod
+    def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
+        """The task's ``cpus`` (fractions too) and ``memory_mb`` are hard ceilings of the
+        sandbox's cgroup (``cpu.max``, ``memory.max``), as with Harbor's docker environment;
+        there are no reservations. ``storage_mb`` caps the sandbox's upper layer."""
+        return EnvironmentResourceCapabilities(
+            cpu_limit=True, memory_limit=True, fractional_cpus=True
+        )
+
+    def _limits(self) -> Dict[str, Any]:
+        """The task's resources (after Harbor's overrides and enforcement modes) as
+        ``create_sandbox`` limits: ``cpus``, ``memory_mb`` -> ``memory_max`` and
+        ``storage_mb`` -> ``disk_max`` (MiB, as Docker's ``M``), and the ``pids_max`` option."""
+        limits: Dict[str, Any] = {}
+        if (cpus := self._effective_cpus) is not None:
+            limits["cpus"] = float(cpus)
+        if (memory_mb := self._effective_memory_mb) is not None:
+            limits["memory_max"] = int(memory_mb) << 20
+        if (storage_mb := self._effective_storage_mb) is not None:
+            limits["disk_max"] = int(storage_mb) << 20
+        if self.options.pids_max is not None:
+            limits["pids_max"] = self.options.pids_max
+        return limits
+
+    @classmethod
     def preflight(cls, kwargs: Optional[Dict[str, Any]] = None) -> None:
         """Validates the options and checks that libbelayer loads and belayerd answers."""
         super().preflight(kwargs)
@@ -188,8 +220,10 @@ class BelayerEnvironment(BaseEnvironment):
         await self._backend.connect()
         if self.options.image_source:
             await self._backend.import_image(image, self.options.image_source)
+        limits = self._limits()
+        self._record["limits"] = limits
         try:
-            sandbox = await self._backend.create(image, None)
+            sandbox = await self._backend.create(image, limits)
         except (belayer.UnknownImageError, belayer.NotFoundError) as e:
             raise SandboxBuildFailedError(
                 f"no Belayer image {image!r} for {ref!r}: import one (`belayer image import "
@@ -208,14 +242,16 @@ class BelayerEnvironment(BaseEnvironment):
     async def _build(self, plan: dockerfile.BuildPlan) -> None:
         for step in plan.steps:
             if isinstance(step, dockerfile.Copy):
+                # As Docker's COPY: a directory's contents go into the destination, files
+                # into it when it names a directory (created), else to it.
+                if step.into_dir:
+                    await self.exec(f"mkdir -p {shlex.quote(step.dest)}", user="root")
                 for src in step.sources:
-                    dst = step.dest
-                    if step.into_dir or src.is_dir():
-                        await self.exec(f"mkdir -p {shlex.quote(dst)}", user="root")
                     if src.is_dir():
-                        await self._upload(f"{src}/.", dst)
+                        await self._upload(str(src), step.dest, contents=True)
                     else:
-                        await self._upload(str(src), dst + "/" if step.into_dir else dst)
+                        into = step.dest + "/" if step.into_dir else step.dest
+                        await self._upload(str(src), into)
                 continue
             result = await self._exec_op(
                 step.command, step.cwd, step.env or None, 0, step.user, shell=False
@@ -324,7 +360,10 @@ class BelayerEnvironment(BaseEnvironment):
                 if result.infra_fault is not None:
                     raise _Fault(result.infra_fault.kind, f"pid {result.infra_fault.pid}")
                 return result
-            await self._backend.upload(op.source(), op.dst)
+            if op.contents:
+                await self._backend.upload_contents(op.source(), op.dst)
+            else:
+                await self._backend.upload(op.source(), op.dst)
             return None
         except _Fault:
             raise
@@ -432,9 +471,9 @@ class BelayerEnvironment(BaseEnvironment):
 
     # ----------------------------------------------------------------- files
 
-    async def _upload(self, src: str, dst: str) -> None:
+    async def _upload(self, src: str, dst: str, *, contents: bool = False) -> None:
         async with self._lock:
-            op = UploadOp(self._journal.next_index(), src, dst)
+            op = UploadOp(self._journal.next_index(), src, dst, contents)
             if self.options.checkpoint != "always":
                 op.stage()
             await self._perform(op)
@@ -443,13 +482,18 @@ class BelayerEnvironment(BaseEnvironment):
         await self._upload(str(source_path), target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        await self._upload(f"{source_dir}/.", target_dir)
+        """What ``source_dir`` holds into ``target_dir`` (created, or merged into), as
+        Harbor's docker environment does (``docker cp SRC/. main:DST``)."""
+        await self._upload(str(source_dir), target_dir, contents=True)
 
-    async def _download(self, src: str, dst: Path | str) -> None:
+    async def _download(self, src: str, dst: Path | str, *, contents: bool = False) -> None:
         async with self._lock:
             for _ in range(self.options.max_restores + 1):
                 try:
-                    await self._backend.download(src, dst)
+                    if contents:
+                        await self._backend.download_contents(src, dst)
+                    else:
+                        await self._backend.download(src, dst)
                     return
                 except (belayer.BelayerError, OSError) as e:
                     try:
@@ -463,5 +507,8 @@ class BelayerEnvironment(BaseEnvironment):
         await self._download(source_path, target_path)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        Path(target_dir).mkdir(parents=True, exist_ok=True)
-        await self._download(f"{source_dir}/.", target_dir)
+        """What ``source_dir`` holds into the host directory ``target_dir`` (created, or
+        merged into), as Harbor's docker environment does (``docker cp main:SRC/. DST``);
+        symlinks stay links and nothing is written outside ``target_dir`` (see
+        :mod:`.dircopy`)."""
+        await self._download(source_dir, target_dir, contents=True)

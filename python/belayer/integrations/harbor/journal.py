@@ -39,35 +39,42 @@ class ExecOp:
 
 @dataclass
 class UploadOp:
-    """A host file or directory copied into the sandbox (``docker cp`` semantics: ``src``
-    ending in ``/.`` copies a directory's contents). ``staged`` holds a private copy of the
-    source once :meth:`stage` ran, so a replay does not depend on the caller's files."""
+    """A host file, directory or symlink copied into the sandbox: ``docker cp SRC DST``, or
+    with ``contents`` what directory ``src`` holds into directory ``dst`` (``docker cp
+    SRC/. DST``). ``staged`` holds a private copy of the source once :meth:`stage` ran, so a
+    replay does not depend on the caller's files."""
 
     index: int
     src: str
     dst: str
+    contents: bool = False
     staged: Optional[str] = field(default=None, repr=False)
     _stage_root: Optional[str] = field(default=None, repr=False)
 
     def describe(self) -> str:
-        return f"upload {self.src!r} -> {self.dst!r}"
+        what = "contents of " if self.contents else ""
+        return f"upload {what}{self.src!r} -> {self.dst!r}"
 
     def source(self) -> str:
         """The path to copy from: the staged copy when there is one."""
         return self.staged if self.staged is not None else self.src
 
     def stage(self) -> None:
-        """Copies the source aside (symlinks as links) into a private temporary directory."""
-        contents = self.src.endswith("/.")
-        path = Path(self.src[:-2] if contents else self.src)
+        """Copies the source aside (symlinks inside it as links; a ``contents`` source
+        itself followed, as the copy follows it) into a private temporary directory."""
+        path = Path(os.path.realpath(self.src)) if self.contents else Path(self.src)
         root = tempfile.mkdtemp(prefix="belayer-harbor-stage-")
         copy = os.path.join(root, path.name or "root")
-        if path.is_dir() and not path.is_symlink():
-            shutil.copytree(path, copy, symlinks=True)
-        else:
-            shutil.copy2(path, copy, follow_symlinks=False)
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.copytree(path, copy, symlinks=True)
+            else:
+                shutil.copy2(path, copy, follow_symlinks=False)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         self._stage_root = root
-        self.staged = copy + "/." if contents else copy
+        self.staged = copy
 
     def discard(self) -> None:
         """Removes the staged copy."""

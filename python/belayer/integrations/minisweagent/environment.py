@@ -11,7 +11,6 @@ answers with a restore.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import platform
@@ -28,7 +27,7 @@ import belayer
 #: The first output line by which a command submits (mini-swe-agent's finishing protocol).
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-#: Keyword arguments of ``Client.create_sandbox`` that the configuration's limits map to.
+#: The configuration's sandbox limits, keyword arguments of ``Client.create_sandbox``.
 LIMIT_FIELDS = ("memory_max", "pids_max", "cpus", "disk_max")
 
 
@@ -79,13 +78,16 @@ class BelayerEnvironmentConfig(BaseModel):
     verify_restore: bool = True
     """Verify the restored file system and processes against the checkpoint."""
     memory_max: Optional[int] = None
-    """Memory limit of the sandbox, bytes (needs a client whose ``create_sandbox`` takes it)."""
+    """Memory limit of the sandbox (``memory.max``), bytes, at least 1 MiB; ``None``: the
+    daemon's default."""
     pids_max: Optional[int] = None
-    """Process limit of the sandbox (likewise)."""
+    """Most processes and threads of the sandbox at once; ``None``: the daemon's default."""
     cpus: Optional[float] = None
-    """CPU limit of the sandbox, in CPUs (likewise)."""
+    """CPU bandwidth limit of the sandbox, in CPUs (e.g. ``1.5``); ``None``: the daemon's
+    default."""
     disk_max: Optional[int] = None
-    """Upper-layer disk limit of the sandbox, bytes (likewise)."""
+    """Bytes the sandbox's upper layer may allocate, at least 1 MiB; ``None``: the daemon's
+    default."""
 
 
 class BelayerEnvironment:
@@ -94,8 +96,9 @@ class BelayerEnvironment:
     ``environment_class: belayer.integrations.minisweagent.BelayerEnvironment``.
 
     Raises:
-        ValueError: a limit is set that this client cannot pass to the daemon yet.
-        belayer.BelayerError: the daemon is unreachable or refuses the sandbox.
+        ValueError: a limit out of range (see :meth:`belayer.Client.create_sandbox`).
+        belayer.BelayerError: the daemon is unreachable or refuses the sandbox (limits
+            below the daemon's minimum: ``BadRequestError``).
     """
 
     def __init__(
@@ -118,13 +121,9 @@ class BelayerEnvironment:
         self._prepare()
 
     def _limits(self) -> Dict[str, Any]:
+        """The configured limits that are set (the rest stay the daemon's defaults)."""
         limits = {k: getattr(self.config, k) for k in LIMIT_FIELDS}
-        limits = {k: v for k, v in limits.items() if v is not None}
-        accepted = inspect.signature(self.client.create_sandbox).parameters
-        missing = sorted(set(limits) - set(accepted))
-        if missing:
-            raise ValueError(f"this belayer client cannot set {', '.join(missing)} on a sandbox")
-        return limits
+        return {k: v for k, v in limits.items() if v is not None}
 
     def _prepare(self) -> None:
         """Creates the working directory of a fresh sandbox."""
@@ -261,16 +260,24 @@ class BelayerEnvironment:
                 raise SandboxFailure(self.sandbox_id, None, str(e)) from e
             raise
 
-    def restore(self) -> Tuple[Optional[int], bytes]:
+    def restore(self, prefix: Optional[int] = None) -> Tuple[Optional[int], bytes]:
         """Restores the sandbox's ready checkpoint C_k into a fresh instance and returns
         ``(k, L_k)``; ``(None, b"")`` when there was none and the sandbox restarted from its
         image (the working directory is created again).
 
+        Args:
+            prefix: restore the checkpoint of this earlier boundary instead (one of
+                ``self.sandbox.checkpoints()``), to go back to that step: it becomes the
+                ready checkpoint and the later ones are dropped. The sandbox need not have
+                failed; reload the agent with the returned L_k
+                (:func:`~belayer.integrations.minisweagent.load_context`).
+
         Raises:
+            belayer.NotFoundError: no ready checkpoint has ``prefix`` (nothing was touched).
             belayer.RestoreFailedError: the restore failed.
             belayer.CorruptCheckpointError: the verification failed (``verify_restore``).
         """
-        info = self.sandbox.restore(verify=self.config.verify_restore)
+        info = self.sandbox.restore(verify=self.config.verify_restore, prefix=prefix)
         self.logger.info(f"Restored sandbox {self.sandbox_id} at prefix {info.prefix}")
         if info.prefix is None:
             self._prepare()
