@@ -234,11 +234,14 @@ const INIT_SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 fn wait_init_settled(pid: i32, max: std::time::Duration) {
     let deadline = std::time::Instant::now() + max;
     let settled = || {
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .unwrap_or_default();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
         let sleeping = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('S')))
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('S'))
+            })
             .unwrap_or(false);
         !children.trim().is_empty() && sleeping
     };
