@@ -16,6 +16,8 @@
 //! - `tree` ([`tree`]): streams a tar of a directory a client passed, read with that
 //!   client's uid, gid and groups (image import for non-root peers).
 //!
+//! [`spawn`]: how the daemon starts a helper (`posix_spawn`, descriptors at fixed numbers).
+//!
 //! [`seccomp`]: the seccomp filter sandbox processes must run under ("Confinement"), for the
 //! helpers to install right before they exec sandbox code.
 
@@ -25,6 +27,7 @@ pub mod image;
 pub mod init;
 pub mod mount;
 pub mod seccomp;
+pub mod spawn;
 pub mod tree;
 
 /// First argument that selects helper mode.
