@@ -32,6 +32,8 @@ use crate::sys::{self, SyscallError};
 
 /// Fd number the status pipe gets in the helper.
 const STATUS_FD: i32 = 3;
+/// Fd number the sealed seccomp filter gets in the helper.
+const SECCOMP_FD: i32 = 4;
 
 /// Errors of an action (not the action's own failure, which is its exit code).
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +210,8 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     arg(&req.cwd.as_deref().unwrap_or("/"));
     arg(&"--status-fd");
     arg(&STATUS_FD.to_string());
+    arg(&"--seccomp-fd");
+    arg(&SECCOMP_FD.to_string());
     if stdin.is_some() {
         arg(&"--stdin");
         arg(&"copy");
@@ -250,6 +254,7 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         (stdout.as_fd(), 1),
         (stderr_fd, 2),
         (status_wr.as_fd(), STATUS_FD),
+        (rt.seccomp.as_fd(), SECCOMP_FD),
     ];
     fds.extend(input.map(|fd| (fd, 0)));
     let started = Instant::now();
