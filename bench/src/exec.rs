@@ -1,9 +1,10 @@
 //! `belayer-bench exec`: the round trip of one trivial action (`true` by default), Belayer side
 //! by side with plain subprocesses on the same machine, in one run. Each row is timed `--runs`
-//! times after `--warmup` untimed runs, in rounds of one call per row (the Rust-side rows in
-//! this process, the Python rows in one `python3`), so that other load on the machine falls on
-//! all rows alike; the table gives the median and the 90th percentile in milliseconds and the
-//! ratio of each median to the baseline's.
+//! times after `--warmup` untimed runs, the rows taking turns in blocks of `--block` calls (the
+//! Rust-side rows in this process, the Python rows in one `python3`), so that other load on the
+//! machine falls on all rows alike while no call runs right behind another row's (a call right
+//! after a subprocess's exit is slower); the table gives the median and the 90th percentile in
+//! milliseconds and the ratio of each median to the baseline's.
 //!
 //! - `rust_subprocess`: `/bin/sh -c CMD` forked and executed from Rust (`std::process::Command`
 //!   with null stdin and piped stdout and stderr, read to their end);
@@ -44,6 +45,10 @@ pub struct ExecBenchArgs {
     /// Untimed runs per row before the timed ones.
     #[arg(long, default_value_t = 5)]
     pub warmup: usize,
+    /// Calls of one row in a row before the next row's: the rows alternate in blocks of this
+    /// many calls.
+    #[arg(long, default_value_t = 10)]
+    pub block: usize,
     /// The shell command timed (run by `sh -c` everywhere).
     #[arg(long, default_value = "true")]
     pub command: String,
@@ -233,24 +238,31 @@ fn run_in(args: &ExecBenchArgs, belayerd: &Path, dir: &Path) -> Result<ExecBench
         Some(b) => b.clone(),
         None => beside_me("belayer")?,
     };
-    // The Rust-side rows in turn, one call of each per round: load on the machine falls on
-    // all of them alike.
+    // The Rust-side rows in turn, a block of calls of each per round: load on the machine
+    // falls on all of them alike, and no call runs right behind another row's.
+    let block = args.block.max(1);
     let (mut sub, mut rust, mut daemon_ms, mut cli) = (vec![], vec![], vec![], vec![]);
-    for i in 0..w + n {
-        let t = Instant::now();
+    for _ in 0..w {
         subprocess(cmd).context("rust_subprocess")?;
-        let t_sub = ms_since(t);
-        let t = Instant::now();
-        let helper = belayer_exec(&mut c, &id, cmd).context("belayer_rust")?;
-        let t_rust = ms_since(t);
-        let t = Instant::now();
+        belayer_exec(&mut c, &id, cmd).context("belayer_rust")?;
         belayer_cli(&belayer, &daemon.socket, &id, cmd).context("belayer_cli")?;
-        let t_cli = ms_since(t);
-        if i >= w {
-            sub.push(t_sub);
-            rust.push(t_rust);
-            daemon_ms.push(helper);
-            cli.push(t_cli);
+    }
+    while sub.len() < n {
+        let k = block.min(n - sub.len());
+        for _ in 0..k {
+            let t = Instant::now();
+            subprocess(cmd).context("rust_subprocess")?;
+            sub.push(ms_since(t));
+        }
+        for _ in 0..k {
+            let t = Instant::now();
+            daemon_ms.push(belayer_exec(&mut c, &id, cmd).context("belayer_rust")?);
+            rust.push(ms_since(t));
+        }
+        for _ in 0..k {
+            let t = Instant::now();
+            belayer_cli(&belayer, &daemon.socket, &id, cmd).context("belayer_cli")?;
+            cli.push(ms_since(t));
         }
     }
     let py = python::Runner {
@@ -259,6 +271,7 @@ fn run_in(args: &ExecBenchArgs, belayerd: &Path, dir: &Path) -> Result<ExecBench
         lib: args.lib.clone().or_else(|| beside_me("libbelayer.so").ok()),
         runs: n,
         warmup: w,
+        block,
     };
     let mut py_rows = match py.run(&daemon.socket, &id, cmd) {
         Ok(rows) => rows,

@@ -1,8 +1,8 @@
 //! The Python rows of `belayer-bench exec`: one `python3 -c SCRIPT` that times
 //! `subprocess.run`, mini-swe-agent's `LocalEnvironment.execute` and `belayer.Client.exec` in
-//! turn (one call of each per round, so load on the machine falls on all of them alike; warm-up
-//! rounds first) with `time.perf_counter`, and prints one JSON object on its last line of
-//! output: each row's samples in milliseconds, or the error that kept it from running.
+//! turn (a block of calls of each per round, so load on the machine falls on all of them alike;
+//! warm-up calls first) with `time.perf_counter`, and prints one JSON object on its last line
+//! of output: each row's samples in milliseconds, or the error that kept it from running.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,10 +10,11 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-/// `sys.argv[1..]`: runs, warm-up rounds, the command, the socket, the sandbox id.
+/// `sys.argv[1..]`: runs, warm-up calls, block, the command, the socket, the sandbox id.
 const SCRIPT: &str = r#"
 import json, os, subprocess, sys, time
-runs, warmup, cmd, socket, sid = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+runs, warmup, block = int(sys.argv[1]), int(sys.argv[2]), max(1, int(sys.argv[3]))
+cmd, socket, sid = sys.argv[4], sys.argv[5], sys.argv[6]
 rows, errors = {}, {}
 
 def python_subprocess():
@@ -46,18 +47,30 @@ except Exception as e:
     errors["belayer_python"] = f"cannot load the belayer package: {e!r}"
 
 samples = {name: [] for name in rows}
-for i in range(warmup + runs):
-    for name, once in list(rows.items()):
+
+def calls(name, count, timed):
+    for _ in range(count):
+        if name not in rows:
+            return
         try:
             t = time.perf_counter()
-            once()
+            rows[name]()
             ms = (time.perf_counter() - t) * 1000.0
         except Exception as e:
             errors[name] = repr(e)
             del rows[name], samples[name]
-            continue
-        if i >= warmup:
+            return
+        if timed:
             samples[name].append(ms)
+
+for name in list(rows):
+    calls(name, warmup, False)
+done = 0
+while done < runs:
+    k = min(block, runs - done)
+    for name in list(rows):
+        calls(name, k, True)
+    done += k
 print(json.dumps({"samples": samples, "errors": errors}))
 "#;
 
@@ -70,10 +83,12 @@ pub struct Runner<'a> {
     pub package: Option<&'a Path>,
     /// `libbelayer.so` (as `BELAYER_LIB`).
     pub lib: Option<PathBuf>,
-    /// Timed rounds.
+    /// Timed calls of each row.
     pub runs: usize,
-    /// Untimed rounds first.
+    /// Untimed calls of each row first.
     pub warmup: usize,
+    /// Calls of one row before the next row's.
+    pub block: usize,
 }
 
 /// Samples (milliseconds) or the error of each Python row, by row name.
@@ -93,6 +108,7 @@ impl Runner<'_> {
             .arg(SCRIPT)
             .arg(self.runs.to_string())
             .arg(self.warmup.to_string())
+            .arg(self.block.to_string())
             .arg(cmd)
             .arg(socket)
             .arg(id)
