@@ -12,8 +12,7 @@
 //!
 //! 1. [`SandboxFilter::build`] once, before forking (it allocates: libseccomp compiles the
 //!    rules to one classic-BPF program, a binary tree over syscall numbers); `belayerd` does
-//!    it once at start and hands the program to each exec helper in a sealed memfd
-//!    ([`sealed`]);
+//!    it once at start and hands the program to each helper in a sealed memfd ([`sealed`]);
 //! 2. in the forked child, after every privileged set-up step (namespaces, mounts, `setsid`,
 //!    `close_range`, dropping capabilities), immediately before `execve`:
 //!    [`SandboxFilter::install`]. It allocates nothing and takes no lock, so it is safe in the

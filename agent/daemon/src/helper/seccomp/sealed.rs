@@ -1,14 +1,15 @@
-//! The sandbox filter compiled once per daemon and handed to each exec helper in a sealed
-//! memfd.
+//! The sandbox filter compiled once per daemon and handed to each init and exec helper in a
+//! sealed memfd.
 //!
 //! Compiling the profile with libseccomp takes about 1.5 ms, and an exec helper is a fresh
 //! process per action: compiled there, it was the largest single step of an action's start.
 //! `belayerd` compiles it once at start ([`SealedFilter::compile`]) into a memfd sealed against
 //! every change (`F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`) and gives each
-//! exec helper a read-only descriptor of it (`--seccomp-fd N`). The helper checks the seals,
-//! reads the program and closes the descriptor before it forks the action process
+//! helper a read-only descriptor of it (`--seccomp-fd N`). The helper checks the seals, reads
+//! the program and closes the descriptor before it forks the sandbox process
 //! ([`from_helper_arg`]): what it installs is byte for byte what the daemon compiled, and no
-//! process, the daemon included, can change it afterwards.
+//! process, the daemon included, can change it afterwards. `belayer-helper` itself then never
+//! calls libseccomp and does not load it.
 
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
@@ -73,7 +74,7 @@ impl SealedFilter {
     }
 }
 
-/// In an exec helper: takes the descriptor named by `--seccomp-fd` (placed by the daemon),
+/// In a helper: takes the descriptor named by `--seccomp-fd` (placed by the daemon),
 /// checks it is sealed, reads the program from it and closes it.
 ///
 /// Errors: [`SeccompError::Load`]: no or a bad fd number, an unsealed memfd, a failed read,
@@ -88,7 +89,8 @@ pub fn from_helper_arg(arg: Option<&str>) -> Result<SandboxFilter, SeccompError>
         .filter(|fd| *fd > 2)
         .ok_or_else(|| bad("--seccomp-fd"))?;
     // SAFETY: the daemon places the sealed filter at this number for the helper alone
-    // (`helper::spawn`); nothing else in this single-threaded process owns or closes it.
+    // (`helper::spawn`, the init's `pre_exec`); nothing else in this single-threaded process
+    // owns or closes it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     read_program(fd.as_fd())
 }
