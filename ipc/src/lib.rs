@@ -7,7 +7,7 @@
 //! | bytes | field | value |
 //! |---|---|---|
 //! | 0..4 | magic | `b"BLYR"` |
-//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (8) |
+//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (9) |
 //! | 6 | kind | 1 request, 2 response, 3 event, 4 memory request, 5 memory response ([`Kind`]) |
 //! | 7 | flags | reserved, must be 0 |
 //! | 8..12 | payload length | u32 little-endian, bytes, at most the maximum frame size ([`DEFAULT_MAX_FRAME`] = 16 MiB) |
@@ -82,6 +82,7 @@ pub mod message;
 pub mod names;
 pub mod policy;
 pub mod rollout;
+pub mod sandbox;
 pub mod state;
 pub mod text;
 pub mod transport;
@@ -95,8 +96,8 @@ pub use message::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ContextEntry, DecisionInfo, Envelope,
     ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo, InfraFault,
     InfraFaultKind, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
-    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
-    UsernsInfo, UsernsMode,
+    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxLimits, SandboxSpec,
+    StatusInfo, TestFault, UsernsInfo, UsernsMode,
 };
 pub use transport::{
     bind_socket, open_image_source, peer_groups, proc_groups, recv_message, recv_message_by,

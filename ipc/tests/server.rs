@@ -169,12 +169,13 @@ fn a_good_client_keeps_working_while_bad_connections_are_answered_and_closed() {
     assert_pong(&mut good);
 
     let mut wrong_version = ping.clone();
-    wrong_version[4..6].copy_from_slice(&9u16.to_le_bytes());
+    let next = belayer_ipc::PROTOCOL_VERSION + 1;
+    wrong_version[4..6].copy_from_slice(&next.to_le_bytes());
     expect_bad_request(
         &running.path,
         &wrong_version,
         false,
-        "unsupported protocol version 9",
+        &format!("unsupported protocol version {next}"),
     );
     assert_pong(&mut good);
 
