@@ -17,9 +17,8 @@
 
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::os::fd::{AsFd, OwnedFd};
+use std::ffi::{OsStr, OsString};
 use std::time::{Duration, Instant};
 
 use belayer_ipc::{
@@ -32,7 +31,7 @@ use super::{SandboxSlot, SandboxState};
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::ActionStatus;
 use crate::helper::transfer::{parse_status, BuiltinStatus, Outcome};
-use crate::helper::HELPER_ARG;
+use crate::helper::{spawn, HELPER_ARG};
 use crate::runtime::Runtime;
 use crate::sandbox::SandboxRecord;
 use crate::sys::SyscallError;
@@ -40,6 +39,8 @@ use crate::sys::SyscallError;
 /// Fd numbers the status and control pipes get in the helper.
 const STATUS_FD: i32 = 3;
 const CONTROL_FD: i32 = 4;
+/// Where the helper finds the daemon's sealed seccomp program (`--seccomp-fd`).
+const SECCOMP_FD: i32 = 5;
 
 /// Longest a pipe read or write to the helper may make no progress before the transfer is
 /// stopped as stalled.
@@ -139,7 +140,7 @@ impl TransferError {
 /// A running helper of one transfer, and what the verb needs after it.
 struct Run {
     rec: SandboxRecord,
-    child: Child,
+    child: spawn::Helper,
     status: fs::File,
     /// Dropped to abort: the helper kills its child.
     control: Option<OwnedFd>,
@@ -199,56 +200,55 @@ fn start(
     };
     let (status_rd, status_wr) = pipe("transfer status")?;
     let (control_rd, control_wr) = pipe("transfer control")?;
-    let mut cmd = Command::new(rt.helper.exec_path());
-    cmd.arg(HELPER_ARG)
-        .arg("exec")
-        .arg("--builtin")
-        .arg(kind)
-        .arg("--userns")
-        .arg(if rec.userns.is_some() {
-            "private"
-        } else {
-            "host"
-        })
-        .arg("--pid")
-        .arg(rec.init_pid.unwrap_or(0).to_string())
-        .arg("--start-time")
-        .arg(rec.init_start_time.unwrap_or(0).to_string())
-        .arg("--status-fd")
-        .arg(STATUS_FD.to_string())
-        .arg("--control-fd")
-        .arg(CONTROL_FD.to_string())
-        .arg("--archive")
-        .arg(if archive { "1" } else { "0" });
+    let userns = if rec.userns.is_some() {
+        "private"
+    } else {
+        "host"
+    };
+    let mut cmd: Vec<OsString> = Vec::new();
+    let mut arg = |a: &dyn AsRef<OsStr>| cmd.push(a.as_ref().to_owned());
+    arg(&rt.helper.exec_path());
+    for a in [HELPER_ARG, "exec", "--builtin", kind, "--userns", userns] {
+        arg(&a);
+    }
+    arg(&"--pid");
+    arg(&rec.init_pid.unwrap_or(0).to_string());
+    arg(&"--start-time");
+    arg(&rec.init_start_time.unwrap_or(0).to_string());
+    arg(&"--status-fd");
+    arg(&STATUS_FD.to_string());
+    arg(&"--control-fd");
+    arg(&CONTROL_FD.to_string());
+    arg(&"--seccomp-fd");
+    arg(&SECCOMP_FD.to_string());
+    arg(&"--archive");
+    arg(&if archive { "1" } else { "0" });
     if let Some(t) = timeout_ms {
-        cmd.arg("--timeout-ms").arg(t.to_string());
+        arg(&"--timeout-ms");
+        arg(&t.to_string());
     }
     for f in cgroup.procs_files() {
-        cmd.arg("--procs").arg(f);
+        arg(&"--procs");
+        arg(&f);
     }
-    cmd.arg("--").arg(path);
+    arg(&"--");
+    arg(&path);
+    let null = fs::File::open("/dev/null").map_err(|e| SyscallError::io("open", "/dev/null", e))?;
     let (stdin, stdout) = if kind == "unpack" {
-        (Stdio::from(data), Stdio::null())
+        (data.as_fd(), null.as_fd())
     } else {
-        (Stdio::null(), Stdio::from(data))
+        (null.as_fd(), data.as_fd())
     };
-    cmd.stdin(stdin).stdout(stdout).stderr(Stdio::null());
-    let (wr, ctl) = (status_wr.as_raw_fd(), control_rd.as_raw_fd());
-    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
-    // async-signal-safe; both fds stay open in the parent until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(wr, STATUS_FD) < 0 || libc::dup2(ctl, CONTROL_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|source| TransferError::Helper {
-        id: rec.id.clone(),
-        source,
-    })?;
-    drop(cmd);
+    let fds = [
+        (stdin, 0),
+        (stdout, 1),
+        (null.as_fd(), 2),
+        (status_wr.as_fd(), STATUS_FD),
+        (control_rd.as_fd(), CONTROL_FD),
+        (rt.seccomp.as_fd(), SECCOMP_FD),
+    ];
+    let child = spawn::spawn(&rt.helper.exec_path(), &cmd, &fds)?;
+    drop((null, data, status_wr, control_rd));
     Ok(Run {
         rec,
         child,
@@ -312,7 +312,7 @@ impl Run {
             source,
         };
         read.map_err(helper_err)?;
-        waited.map_err(helper_err)?;
+        waited?;
         let status = parse_status(&line).map_err(|message| TransferError::Enter {
             id: id.clone(),
             message,
