@@ -37,6 +37,11 @@ PYTHON_PACKAGES=python3,tmux,vim-tiny,inotify-tools,procps
 BUSYBOX_ROOTFS="$IMAGES/busybox/rootfs"
 PYTHON_ROOTFS="$IMAGES/bookworm-python/rootfs"
 PYTHON_TARBALL="$IMAGES/bookworm-python.tar.zst"
+# The Harbor tests (python/tests/test_harbor_*.py) run in their own venv: Harbor needs Python
+# >= 3.12 (pyenv's, else python3.12 on PATH); harbor at the version of python/pyproject.toml's
+# `harbor` extra.
+HARBOR_PYTEST_VERSION=9.2.0
+HARBOR_VENV="$CACHE/venv-harbor"
 # The daemon's state dir must be on btrfs with quotas (agent/daemon/src/quota: one subvolume + qgroup
 # limit per sandbox instance). Where it is not, a btrfs image in the cache is mounted there.
 STATE_DIR=/var/lib/belayer
@@ -130,7 +135,52 @@ install_python_test_deps() {
     log "installing pytest"
     python3 -m pip install --quiet pytest >&2
   fi
+  install_minisweagent
   log "python: $(python3 --version 2>&1), $(python3 -m pytest --version 2>&1 | head -1)"
+}
+
+# The version of mini-swe-agent that python/pyproject.toml pins in its `minisweagent` extra.
+minisweagent_pin() {
+  sed -n 's/^minisweagent = \["mini-swe-agent==\([^"]*\)"\]$/\1/p' "$REPO_ROOT/python/pyproject.toml"
+}
+
+# mini-swe-agent from PyPI at the pinned version, for the tests of
+# belayer.integrations.minisweagent (python/tests/test_minisweagent.py); nothing when it is there.
+install_minisweagent() {
+  local want have
+  want=$(minisweagent_pin)
+  [ -n "$want" ] || die "no mini-swe-agent pin in python/pyproject.toml"
+  have=$(python3 -c 'import importlib.metadata as m; print(m.version("mini-swe-agent"))' 2>/dev/null || true)
+  if [ "$have" != "$want" ]; then
+    log "installing mini-swe-agent $want${have:+ (had $have)}"
+    python3 -m pip install --quiet --disable-pip-version-check "mini-swe-agent==$want" >&2
+  fi
+  log "mini-swe-agent $want"
+}
+
+# The venv of the Harbor tests with the pinned harbor and pytest; skipped when both match.
+install_harbor_venv() {
+  local py="$HARBOR_VENV/bin/python" base="" candidate HARBOR_VERSION
+  HARBOR_VERSION=$(sed -n 's/^harbor = \["harbor==\([^";]*\).*/\1/p' "$REPO_ROOT/python/pyproject.toml")
+  [ -n "$HARBOR_VERSION" ] || die "no harbor pin in python/pyproject.toml"
+  if [ -x "$py" ] && "$py" - "$HARBOR_VERSION" "$HARBOR_PYTEST_VERSION" 2>/dev/null <<'PY'
+import importlib.metadata as m, sys
+sys.exit(0 if [m.version("harbor"), m.version("pytest")] == sys.argv[1:] else 1)
+PY
+  then
+    log "harbor: $HARBOR_VENV has harbor $HARBOR_VERSION"
+    return
+  fi
+  for candidate in "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python; do
+    [ -x "$candidate" ] && { base=$candidate; break; }
+  done
+  [ -n "$base" ] || base=$(command -v python3.12 || true)
+  [ -n "$base" ] || die "Harbor needs Python >= 3.12 (pyenv install 3.12, or python3.12 on PATH)"
+  log "harbor: making $HARBOR_VENV with $base (harbor $HARBOR_VERSION, pytest $HARBOR_PYTEST_VERSION)"
+  [ -x "$py" ] || "$base" -m venv "$HARBOR_VENV"
+  "$py" -m pip install --quiet --disable-pip-version-check \
+    "harbor==$HARBOR_VERSION" "pytest==$HARBOR_PYTEST_VERSION" >&2
+  log "harbor: $HARBOR_VENV ready"
 }
 
 # Prints the first Debian mirror that the machine's apt configuration uses for $PYTHON_SUITE
@@ -498,6 +548,7 @@ main() {
     install_criu
     install_rust
     install_python_test_deps
+    install_harbor_venv
     check_kernel
     build_busybox_image
     build_python_image
@@ -514,6 +565,7 @@ main() {
   printf 'export BELAYER_TEST_PYTHON_TARBALL=%q\n' "$PYTHON_TARBALL"
   printf 'export BELAYER_CRIU=%q\n' "$CRIU_BIN"
   printf 'export BELAYER_TEST_STATE_ROOT=%q\n' "$TEST_STATE_ROOT"
+  printf 'export BELAYER_HARBOR_VENV=%q\n' "$HARBOR_VENV"
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -29,12 +29,21 @@ step() {
 
 # Installs the Python package (pure ctypes) from python/ and runs its pytest suite against a
 # daemon started from the built belayerd; the package finds the built libbelayer.so through
-# CARGO_TARGET_DIR. pytest's exit 5 (no tests collected) fails the run like any other failure.
+# CARGO_TARGET_DIR; test_minisweagent.py drives the pinned mini-swe-agent that setup.sh installs.
+# pytest's exit 5 (no tests collected) fails the run like any other failure.
 python_tests() {
   local pip_args=(--quiet --force-reinstall --no-deps)
   python3 -c 'import setuptools, wheel' 2>/dev/null && pip_args+=(--no-build-isolation)
   python3 -m pip install "${pip_args[@]}" ./python
-  (cd python/tests && python3 -m pytest -q -p no:cacheprovider .)
+  (cd python/tests && python3 -m pytest -q -p no:cacheprovider --ignore-glob='test_harbor_*' .)
+}
+
+# The Harbor environment (belayer.integrations.harbor) under Harbor's own runner, in the venv
+# that setup.sh made with the pinned harbor (Python >= 3.12).
+python_harbor_tests() {
+  local py="$BELAYER_HARBOR_VENV/bin/python"
+  "$py" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+  (cd python/tests && "$py" -m pytest -q -p no:cacheprovider test_harbor_*.py)
 }
 
 # The `belayer` client is built without belayer-ipc's `cuda` feature: cudarc is not among its
@@ -60,3 +69,4 @@ step cargo clippy -p belayer-ipc --all-targets -- -D warnings
 step cargo test -p belayer-ipc --lib
 step client_links_no_cuda
 step python_tests
+step python_harbor_tests

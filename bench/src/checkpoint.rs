@@ -167,6 +167,7 @@ pub(crate) fn workload(
                 Request::Restore {
                     id: id.clone(),
                     verify: false,
+                    prefix: None,
                 },
             )? {
                 Response::Restored(r) => r,

@@ -398,6 +398,7 @@ fn fail_and_restore(
     let req = Request::Restore {
         id: id.into(),
         verify: true,
+        prefix: None,
     };
     let info: RestoreInfo = match conn.call(&req)? {
         Response::Restored(r) => r,

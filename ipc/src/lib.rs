@@ -82,6 +82,7 @@ pub mod message;
 pub mod names;
 pub mod policy;
 pub mod rollout;
+pub mod sandbox;
 pub mod state;
 pub mod text;
 pub mod transport;
@@ -95,8 +96,8 @@ pub use message::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ContextEntry, DecisionInfo, Envelope,
     ErrorCode, ErrorReply, Event, ExecRequest, ExecResult, FailPoint, ImageInfo, InfraFault,
     InfraFaultKind, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
-    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxSpec, StatusInfo, TestFault,
-    UsernsInfo, UsernsMode,
+    RestoreInfo, RestoreTimings, RestoreValidity, SandboxInfo, SandboxLimits, SandboxSpec,
+    StatusInfo, TestFault, UsernsInfo, UsernsMode,
 };
 pub use message::{DownloadRequest, TransferInfo, UploadRequest};
 pub use transport::{

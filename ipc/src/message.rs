@@ -67,7 +67,14 @@ pub enum Request {
     Exec(ExecRequest),
     /// Take a full checkpoint C_k of a sandbox at action boundary k (paper: full_checkpoint).
     Checkpoint(CheckpointRequest),
-    /// Restore the sandbox from its ready checkpoint into a fresh instance (paper: full_restore).
+    /// Restore the sandbox from a ready checkpoint into a fresh instance (paper: full_restore):
+    /// the ready one, or the one of boundary `prefix`.
+    ///
+    /// Restoring C_K of an earlier boundary moves the ready pointer back to C_K once the
+    /// restore succeeded, and drops every checkpoint published after C_K (the sandbox no
+    /// longer has that future; they are listed in [`RestoreInfo::dropped_prefixes`]). A
+    /// `prefix` with no ready checkpoint is answered [`ErrorCode::NotFound`] naming it, and
+    /// nothing is touched.
     Restore {
         /// Sandbox id.
         id: String,
@@ -75,6 +82,10 @@ pub enum Request {
         /// compared by digest; process list compared) and report it in
         /// [`RestoreInfo::validity`]. Costs one more upper-layer capture.
         verify: bool,
+        /// Action boundary K of the ready checkpoint to restore (the latest one of that
+        /// boundary, when several were taken at it); `None`: the ready checkpoint. Since
+        /// protocol 9.
+        prefix: Option<u64>,
     },
     /// List the ready checkpoints of a sandbox, oldest first.
     ListCheckpoints {
@@ -236,91 +247,6 @@ pub enum Event {
         /// Action boundary k.
         prefix: u64,
     },
-}
-
-/// Parameters of a new sandbox.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct SandboxSpec {
-    /// Image name (the lower layer).
-    pub image: String,
-    /// `memory.max` in bytes; `None` = unlimited.
-    pub memory_max: Option<u64>,
-    /// `pids.max`; `None` = unlimited.
-    pub pids_max: Option<u64>,
-    /// Environment of every action, `(key, value)`.
-    pub env: Vec<(String, String)>,
-    /// Rollout tag, used by `gc --tag` to drop a rollout's checkpoints.
-    pub tag: Option<String>,
-    /// CPU bandwidth limit in CPUs (e.g. `1.5`); `None` = the daemon's default.
-    pub cpus: Option<f64>,
-    /// User namespace of the sandbox; `None` = the daemon's default (private).
-    pub userns: Option<UsernsMode>,
-    /// Disk limit in bytes: what the sandbox's upper layer may allocate, enforced by the kernel
-    /// (writes past it fail with `EDQUOT` inside the sandbox); `None` = the daemon's
-    /// `default_disk_max_bytes`. A sandbox cannot ask for no limit where the daemon sets one;
-    /// values below 1 MiB are refused. Absent from state files written before protocol 3.
-    #[serde(default)]
-    pub disk_max: Option<u64>,
-}
-
-/// Which user namespace a sandbox runs in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum UsernsMode {
-    /// Its own user namespace: root inside is an unprivileged host uid of a range of its
-    /// own (the default).
-    Private,
-    /// The host's user namespace: root inside is host root, confined only by capabilities,
-    /// seccomp and the mount namespace. An explicit opt-in (`--userns=host`).
-    Host,
-}
-
-impl UsernsMode {
-    /// `"private"` or `"host"`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UsernsMode::Private => "private",
-            UsernsMode::Host => "host",
-        }
-    }
-}
-
-/// The user namespace of a sandbox as clients see it (`sandbox inspect --json`: `"userns"`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UsernsInfo {
-    /// `private` or `host`.
-    pub mode: String,
-    /// `(inside, outside, count)` lines of the init's `uid_map`.
-    pub uid_map: Vec<[u32; 3]>,
-    /// `(inside, outside, count)` lines of the init's `gid_map`.
-    pub gid_map: Vec<[u32; 3]>,
-}
-
-/// A sandbox as seen by clients.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SandboxInfo {
-    /// Stable sandbox id (kept across restores).
-    pub id: String,
-    /// Image name.
-    pub image: String,
-    /// Lifecycle state (its name on the wire: `running`, `checkpointing`, `restoring`,
-    /// `failed`).
-    pub state: crate::SandboxState,
-    /// Host pid of the sandbox init, when alive.
-    pub init_pid: Option<i32>,
-    /// Host pids of every process in the sandbox cgroup.
-    pub pids: Vec<i32>,
-    /// The sandbox cgroup (path below the cgroup mount, e.g. `/belayer/sb-…`).
-    pub cgroup: String,
-    /// Prefix k of the ready checkpoint, if any.
-    pub ready_prefix: Option<u64>,
-    /// Instance number: 0 for the original, +1 on every restore.
-    pub instance: u32,
-    /// Rollout tag.
-    pub tag: Option<String>,
-    /// Creation time, milliseconds since the Unix epoch.
-    pub created_unix_ms: u64,
-    /// The user namespace (id maps of the init when it runs, else the recorded range).
-    pub userns: Option<UsernsInfo>,
 }
 
 /// One action.
@@ -529,6 +455,10 @@ pub struct RestoreInfo {
     /// `false`: F_k was materialized from its manifest into new inodes, or there was no
     /// checkpoint.
     pub inodes_kept: bool,
+    /// Prefixes of the checkpoints published after the restored one, which this restore
+    /// dropped (a restore of an earlier ready checkpoint, [`Request::Restore`]'s `prefix`),
+    /// oldest first; empty when the ready checkpoint was restored. Since protocol 9.
+    pub dropped_prefixes: Vec<u64>,
 }
 
 /// Whether a restored sandbox matches what was recorded at checkpoint time.
@@ -694,3 +624,5 @@ pub use crate::rollout::{
     ContextEntry, DecisionInfo, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec,
     MAX_RESPONSE_SAMPLES,
 };
+
+pub use crate::sandbox::{SandboxInfo, SandboxLimits, SandboxSpec, UsernsInfo, UsernsMode};

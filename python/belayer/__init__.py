@@ -14,7 +14,8 @@ Example::
 
 Every failure raises a :class:`BelayerError` subclass chosen by the library's status code
 (see :mod:`belayer.errors`). The library is located as described in :mod:`belayer._lib`
-(``BELAYER_LIB`` overrides).
+(``BELAYER_LIB`` overrides). For asyncio programs, :mod:`belayer.aio` has the same API as
+coroutines (imported on first use of ``belayer.aio``).
 """
 
 from ._lib import ABI_VERSION
@@ -24,6 +25,7 @@ from .client import (
     Decision,
     Event,
     ExecResult,
+    GcResult,
     InfraFault,
     Policy,
     RestoreInfo,
@@ -40,6 +42,17 @@ from .errors import BelayerError
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """Imports the :mod:`belayer.aio` submodule on first access of ``belayer.aio`` (the
+    synchronous API does not load asyncio)."""
+    if name == "aio":
+        import importlib
+
+        return importlib.import_module(".aio", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ABI_VERSION",
     "BelayerError",
@@ -48,6 +61,7 @@ __all__ = [
     "Decision",
     "Event",
     "ExecResult",
+    "GcResult",
     "InfraFault",
     "Policy",
     "RestoreInfo",

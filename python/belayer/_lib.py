@@ -127,6 +127,69 @@ class RestoreInfo(Structure):
     ]
 
 
+class CreateOptions(Structure):
+    """``BelayerCreateOptions`` (zero: every default)."""
+
+    _fields_ = [
+        ("tag", c_char_p),
+        ("env", POINTER(c_char_p)),
+        ("env_len", c_size_t),
+        ("workdir", c_char_p),
+        ("memory_max", c_uint64),
+        ("pids_max", c_uint64),
+        ("cpus", c_double),
+        ("disk_max", c_uint64),
+        ("userns", c_int),
+    ]
+
+
+class SandboxConfig(Structure):
+    """``BelayerSandboxConfig``."""
+
+    _fields_ = [
+        ("tag", c_void_p),
+        ("workdir", c_void_p),
+        ("env", POINTER(c_void_p)),
+        ("env_len", c_size_t),
+        ("memory_max", c_uint64),
+        ("pids_max", c_uint64),
+        ("cpus", c_double),
+        ("disk_max", c_uint64),
+        ("userns", c_int),
+        ("cgroup", c_void_p),
+    ]
+
+
+class SandboxEntry(Structure):
+    """``BelayerSandboxEntry``."""
+
+    _fields_ = [("info", SandboxInfo), ("config", SandboxConfig)]
+
+
+class SandboxList(Structure):
+    """``BelayerSandboxList``."""
+
+    _fields_ = [("items", POINTER(SandboxEntry)), ("len", c_size_t)]
+
+
+class CheckpointEntry(Structure):
+    """``BelayerCheckpointEntry``."""
+
+    _fields_ = [("info", CheckpointInfo), ("created_unix_ms", c_uint64)]
+
+
+class CheckpointList(Structure):
+    """``BelayerCheckpointList``."""
+
+    _fields_ = [("items", POINTER(CheckpointEntry)), ("len", c_size_t)]
+
+
+class GcResult(Structure):
+    """``BelayerGcResult``."""
+
+    _fields_ = [("removed", c_uint64), ("bytes", c_uint64)]
+
+
 class TransferResult(Structure):
     """``BelayerTransferResult``."""
 
@@ -367,6 +430,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         "belayer_sandbox_inspect": ([client, c_char_p, POINTER(SandboxInfo)], c_int),
         "belayer_sandbox_info_free": ([POINTER(SandboxInfo)], None),
         "belayer_sandbox_destroy": ([client, c_char_p], c_int),
+        "belayer_sandbox_create_with": (
+            [client, c_char_p, POINTER(CreateOptions), POINTER(c_void_p)],
+            c_int,
+        ),
+        "belayer_sandbox_inspect_with": ([client, c_char_p, POINTER(SandboxEntry)], c_int),
+        "belayer_sandbox_entry_free": ([POINTER(SandboxEntry)], None),
+        "belayer_sandbox_list": ([client, POINTER(SandboxList)], c_int),
+        "belayer_sandbox_list_free": ([POINTER(SandboxList)], None),
+        "belayer_checkpoint_list": ([client, c_char_p, POINTER(CheckpointList)], c_int),
+        "belayer_checkpoint_list_free": ([POINTER(CheckpointList)], None),
+        "belayer_gc": ([client, c_int64, c_char_p, POINTER(GcResult)], c_int),
         "belayer_exec": ([client, c_char_p, c_char_p, c_uint64, POINTER(ExecResult)], c_int),
         "belayer_exec_with": (
             [
@@ -400,6 +474,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         ),
         "belayer_restore": ([client, c_char_p, c_bool, POINTER(RestoreInfo)], c_int),
         "belayer_restore_info_free": ([POINTER(RestoreInfo)], None),
+        "belayer_restore_to": (
+            [client, c_char_p, c_uint64, c_bool, POINTER(RestoreInfo), POINTER(c_uint64)],
+            c_int,
+        ),
         "belayer_context_append": (
             [client, c_char_p, c_uint64, u8p, c_size_t, POINTER(c_uint64)],
             c_int,

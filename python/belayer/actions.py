@@ -74,6 +74,21 @@ def _encode(text: Union[str, bytes]) -> bytes:
     return text if isinstance(text, bytes) else text.encode("utf-8")
 
 
+def env_entries(env: Optional[Mapping[Union[str, bytes], Union[str, bytes]]]) -> List[bytes]:
+    """``env`` as ``KEY=VALUE`` C strings; raises :class:`ValueError` for an empty key, a key
+    with ``=`` and a NUL anywhere."""
+    entries: List[bytes] = []
+    for key, value in (env or {}).items():
+        k = _encode(key)
+        if not k or b"=" in k or b"\0" in k:
+            raise ValueError(f"env key {key!r} must be non-empty and without '=' or NUL")
+        v = _encode(value)
+        if b"\0" in v:
+            raise ValueError(f"env value of {key!r} must not contain NUL")
+        entries.append(k + b"=" + v)
+    return entries
+
+
 class Options:
     """A ``BelayerExecOptions`` with the buffers it points at, kept alive as long as this."""
 
@@ -94,15 +109,7 @@ class Options:
             raise ValueError(f"stdin must be bytes, not {type(stdin).__name__}")
         if cwd is not None and b"\0" in _encode(cwd):
             raise ValueError("cwd must not contain NUL")
-        entries: List[bytes] = []
-        for key, value in (env or {}).items():
-            k = _encode(key)
-            if not k or b"=" in k or b"\0" in k:
-                raise ValueError(f"env key {key!r} must be non-empty and without '=' or NUL")
-            v = _encode(value)
-            if b"\0" in v:
-                raise ValueError(f"env value of {key!r} must not contain NUL")
-            entries.append(k + b"=" + v)
+        entries = env_entries(env)
         self._env = (ctypes.c_char_p * max(len(entries), 1))(*entries)
         data = bytes(stdin or b"")
         self._stdin = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")

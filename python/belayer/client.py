@@ -3,18 +3,20 @@ and the result types."""
 
 from __future__ import annotations
 
+import signal
 import time
 from ctypes import byref, c_uint64, c_void_p
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Iterator, List, Mapping, Optional, Tuple
 
 from . import _lib
+from ._status import Text
+from ._status import check as _check
+from ._status import text_arg as _c
 from .actions import ExecResult, InfraFault, Options, result  # noqa: F401 (re-exported)
-from .errors import ERRORS, BelayerError, EventTimeoutError
+from .errors import BelayerError, EventTimeoutError
+from .sandboxes import CheckpointInfo, GcResult, RestoreInfo, SandboxInfo, SandboxMethods
 from .transfer import ClientTransfers, SandboxTransfers, TransferResult  # noqa: F401
-
-#: A string argument: ``str`` (encoded as UTF-8) or raw ``bytes`` (passed as they are).
-Text = Union[str, bytes]
 
 REASONS = {
     0: "benefit",
@@ -30,22 +32,6 @@ REASONS = {
 EVENT_KINDS = {1: "sandbox_failed", 2: "checkpoint_ready"}
 
 
-def _check(rc: int) -> None:
-    """Raises the exception of status code ``rc`` (nothing for ``BELAYER_OK``)."""
-    if rc == 0:
-        return
-    lib = _lib.load()
-    message = (lib.belayer_last_error() or b"").decode("utf-8", "replace")
-    status = (lib.belayer_status_name(rc) or b"").decode()
-    raise ERRORS.get(rc, BelayerError)(rc, status, message)
-
-
-def _c(text: Optional[Text]) -> Optional[bytes]:
-    if text is None or isinstance(text, bytes):
-        return text
-    return text.encode("utf-8")
-
-
 def abi_version() -> int:
     """The C ABI version of the loaded library (``belayer_abi_version()``)."""
     return int(_lib.load().belayer_abi_version())
@@ -59,51 +45,6 @@ def library_version() -> str:
 def library_path() -> str:
     """Path of the loaded library."""
     return _lib.path()
-
-
-@dataclass(frozen=True)
-class SandboxInfo:
-    """A sandbox as the daemon sees it (``init_pid``/``ready_prefix`` are ``None`` when
-    absent; ``created_unix_ms`` in milliseconds since the epoch)."""
-
-    id: str
-    image: str
-    state: str
-    init_pid: Optional[int]
-    instance: int
-    ready_prefix: Optional[int]
-    pids: List[int]
-    created_unix_ms: int
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """A published checkpoint C_k (sizes in bytes, times in milliseconds)."""
-
-    prefix: int
-    bytes: int
-    frozen_ms: float
-    total_ms: float
-    name: str
-    context_digest: str
-
-
-@dataclass(frozen=True)
-class RestoreInfo:
-    """Result of a restore: prefix k (``None``: restarted from the base image) and the LLM
-    context L_k recorded with the checkpoint. ``inodes_kept``: the upper layer came back from
-    the checkpoint's snapshot, so files the sandbox wrote kept their inode numbers and times.
-    ``fs_matches`` and ``processes_match`` are the verification's results, ``None`` when the
-    restore was not verified (``verified`` false)."""
-
-    prefix: Optional[int]
-    context: bytes
-    init_pid: int
-    total_ms: float
-    verified: bool
-    fs_matches: Optional[bool]
-    processes_match: Optional[bool]
-    inodes_kept: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,7 +137,7 @@ class _Handle:
             pass
 
 
-class Client(_Handle, ClientTransfers):
+class Client(_Handle, SandboxMethods, ClientTransfers):
     """A connection to ``belayerd`` (file transfer: :class:`~belayer.transfer.ClientTransfers`).
 
     Usable as a context manager (closes on exit). One request runs at a time per client;
@@ -239,33 +180,9 @@ class Client(_Handle, ClientTransfers):
             return
         _check(rc)
 
-    def create_sandbox(self, image: Text, tag: Optional[Text] = None) -> "Sandbox":
-        """Creates and starts a sandbox from ``image``."""
-        out = c_void_p()
-        _check(self._lib.belayer_sandbox_create(self._handle, _c(image), _c(tag), byref(out)))
-        return Sandbox(self, _lib.take_string(out))
-
     def sandbox(self, id: str) -> "Sandbox":
         """A :class:`Sandbox` object for an existing sandbox id (no request is made)."""
         return Sandbox(self, id)
-
-    def inspect(self, id: Text) -> SandboxInfo:
-        """Describes sandbox ``id``."""
-        info = _lib.SandboxInfo()
-        try:
-            _check(self._lib.belayer_sandbox_inspect(self._handle, _c(id), byref(info)))
-            return SandboxInfo(
-                id=_lib.string_field(info.id),
-                image=_lib.string_field(info.image),
-                state=_lib.string_field(info.state),
-                init_pid=info.init_pid if info.init_pid >= 0 else None,
-                instance=info.instance,
-                ready_prefix=info.ready_prefix if info.has_ready_prefix else None,
-                pids=[info.pids[i] for i in range(info.pids_len)],
-                created_unix_ms=info.created_unix_ms,
-            )
-        finally:
-            self._lib.belayer_sandbox_info_free(byref(info))
 
     def destroy(self, id: Text) -> None:
         """Kills sandbox ``id`` and deletes it with its checkpoints."""
@@ -401,25 +318,6 @@ class Client(_Handle, ClientTransfers):
             checkpoint_total_ms=d.checkpoint_total_ms,
         )
 
-    def restore(self, id: Text, verify: bool = True) -> RestoreInfo:
-        """Restores sandbox ``id`` from its ready checkpoint into a fresh instance; returns k
-        and the LLM context L_k. ``verify`` also checks the restored state."""
-        info = _lib.RestoreInfo()
-        try:
-            _check(self._lib.belayer_restore(self._handle, _c(id), verify, byref(info)))
-            return RestoreInfo(
-                prefix=info.prefix if info.has_prefix else None,
-                context=_lib.buf_bytes(info.context),
-                init_pid=info.init_pid,
-                total_ms=info.total_ms,
-                verified=bool(info.verified),
-                fs_matches=bool(info.fs_matches) if info.verified else None,
-                processes_match=bool(info.processes_match) if info.verified else None,
-                inodes_kept=bool(info.inodes_kept),
-            )
-        finally:
-            self._lib.belayer_restore_info_free(byref(info))
-
     def context_append(self, trajectory: Text, prefix: int, context: bytes) -> int:
         """Appends the LLM context of ``trajectory`` at boundary ``prefix`` to its log
         (durable on return); returns the record id."""
@@ -487,6 +385,14 @@ class Sandbox(SandboxTransfers):
         """See :meth:`Client.inspect`."""
         return self.client.inspect(self.id)
 
+    def checkpoints(self) -> List[CheckpointInfo]:
+        """See :meth:`Client.list_checkpoints`."""
+        return self.client.list_checkpoints(self.id)
+
+    def kill_processes(self, sig: int = signal.SIGKILL) -> int:
+        """See :meth:`Client.kill_processes`."""
+        return self.client.kill_processes(self.id, sig)
+
     def exec(
         self,
         command: Text,
@@ -518,9 +424,9 @@ class Sandbox(SandboxTransfers):
         """See :meth:`Client.maybe_checkpoint`."""
         return self.client.maybe_checkpoint(self.id, prefix, context, **step)  # type: ignore[arg-type]
 
-    def restore(self, verify: bool = True) -> RestoreInfo:
+    def restore(self, verify: bool = True, prefix: Optional[int] = None) -> RestoreInfo:
         """See :meth:`Client.restore`."""
-        return self.client.restore(self.id, verify)
+        return self.client.restore(self.id, verify, prefix)
 
     def destroy(self) -> None:
         """See :meth:`Client.destroy`."""
@@ -585,6 +491,7 @@ __all__ = [
     "SandboxInfo",
     "CheckpointInfo",
     "RestoreInfo",
+    "GcResult",
     "Policy",
     "Decision",
     "Event",

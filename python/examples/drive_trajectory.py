@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -58,11 +57,7 @@ def shell(step: Dict[str, Any]) -> str:
 
 def kill_from_outside(client: belayer.Client, sandbox: str) -> None:
     """SIGKILLs every process of the sandbox from the host (a fail-stop)."""
-    for pid in client.inspect(sandbox).pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    client.kill_processes(sandbox)
 
 
 def main() -> int:

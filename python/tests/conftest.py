@@ -54,9 +54,10 @@ def busybox_rootfs() -> str:
 
 
 class Daemon:
-    """A ``belayerd`` process; :meth:`stop` kills it (sandboxes survive, as in production)."""
+    """A ``belayerd`` process; :meth:`stop` kills it (sandboxes survive, as in production).
+    ``config``: the text of its TOML config file (default: none, all defaults)."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: Optional[str] = None) -> None:
         lib_dir = Path(belayer.library_path()).parent
         self.bin_dir = Path(os.environ["BELAYERD"]).parent if "BELAYERD" in os.environ else lib_dir
         self.belayerd = Path(os.environ.get("BELAYERD", lib_dir / "belayerd"))
@@ -66,6 +67,10 @@ class Daemon:
         self.socket = str(self.dir / "belayer.sock")
         self.state_dir = self.dir / "state"
         self.log_path = self.dir / "belayerd.log"
+        self.config = "/dev/null"
+        if config is not None:
+            self.config = str(self.dir / "belayer.toml")
+            Path(self.config).write_text(config)
         self.proc: Optional[subprocess.Popen] = None
         self.start()
 
@@ -73,7 +78,7 @@ class Daemon:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(self.belayerd), "--socket", self.socket, "--state-dir", str(self.state_dir),
-             "--config", "/dev/null"],
+             "--config", self.config],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             env={**os.environ, "BELAYER_LOG": "debug"},
         )

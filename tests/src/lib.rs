@@ -523,6 +523,7 @@ impl Daemon {
         self.call(Request::Restore {
             id: id.into(),
             verify: true,
+            prefix: None,
         })
     }
 

@@ -72,6 +72,7 @@ fn unknown_ids_and_names() {
         d.call(Request::Restore {
             id: "nope".into(),
             verify: false,
+            prefix: None,
         }),
         ErrorCode::UnknownSandbox,
     );

@@ -65,6 +65,7 @@ fn a_group_member_sees_and_acts_only_on_its_own_sandboxes() {
             Request::Restore {
                 id: id.into(),
                 verify: false,
+                prefix: None,
             },
             Request::ListCheckpoints { id: id.into() },
             Request::RemoveSandbox { id: id.into() },

@@ -41,7 +41,8 @@ pub enum Command {
     /// Take a full checkpoint C_k at action boundary k (`checkpoint ID --prefix K`), or list
     /// the checkpoints of a sandbox (`checkpoint ls ID`).
     Checkpoint(CheckpointCmd),
-    /// Restore a sandbox from its ready checkpoint into a fresh instance.
+    /// Restore a sandbox from its ready checkpoint (or that of `--prefix K`) into a fresh
+    /// instance.
     Restore(RestoreArgs),
     /// Old spelling of `checkpoint ls ID`.
     #[command(hide = true)]
@@ -158,6 +159,10 @@ pub struct CreateArgs {
     /// `host` (explicit opt-in: root inside is host root).
     #[arg(long, value_parser = parse_userns)]
     pub userns: Option<belayer_ipc::UsernsMode>,
+    /// Working directory of every action (an absolute path inside the sandbox, not created;
+    /// `exec --cwd` overrides it; default `/`).
+    #[arg(long)]
+    pub workdir: Option<String>,
 }
 
 /// Parses `--userns`.
@@ -248,6 +253,10 @@ pub struct RestoreArgs {
     /// Check the restored upper layer and process list against the checkpoint.
     #[arg(long)]
     pub verify: bool,
+    /// Restore the ready checkpoint of action boundary K instead of the latest one; it
+    /// becomes the ready checkpoint and the checkpoints taken after it are dropped.
+    #[arg(long, value_name = "K")]
+    pub prefix: Option<u64>,
 }
 
 /// Arguments of `cp`.
@@ -389,6 +398,28 @@ mod tests {
             _ => panic!("wrong command"),
         }
         assert!(Cli::try_parse_from(["belayer", "checkpoint", "sb-1"]).is_err());
+        let cli = Cli::try_parse_from(["belayer", "restore", "sb-1", "--prefix", "2", "--verify"])
+            .unwrap();
+        match cli.command {
+            Command::Restore(r) => assert_eq!((r.prefix, r.verify), (Some(2), true)),
+            _ => panic!("wrong command"),
+        }
+        let cli = Cli::try_parse_from([
+            "belayer",
+            "sandbox",
+            "create",
+            "--image",
+            "py",
+            "--workdir",
+            "/srv",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Sandbox(SandboxCmd::Create(a)) => {
+                assert_eq!(a.workdir.as_deref(), Some("/srv"))
+            }
+            _ => panic!("wrong command"),
+        }
         assert!(Cli::try_parse_from(["belayer", "checkpoints", "sb-1"]).is_ok());
         let cli = Cli::try_parse_from(["belayer", "bench", "capture", "--runs", "3"]).unwrap();
         match cli.command {

@@ -76,6 +76,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 cpus: a.cpus,
                 userns: a.userns,
                 disk_max: a.disk_max,
+                workdir: a.workdir,
             };
             match call(&mut c, Request::CreateSandbox(spec))? {
                 Response::Sandbox(info) => p.created(&info),
@@ -138,6 +139,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Request::Restore {
                 id: a.id,
                 verify: a.verify,
+                prefix: a.prefix,
             },
         )? {
             Response::Restored(r) => p.restored(&r, a.context_out.as_deref())?,

@@ -27,12 +27,15 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
+    let printer = belayer_cli::output::Printer { json: cli.json };
     match belayer_cli::run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
-            let unreachable = e.downcast_ref::<DaemonError>().is_none()
-                && e.downcast_ref::<belayer_ipc::ClientError>().is_some();
+            let daemon = e.downcast_ref::<DaemonError>();
+            let unreachable =
+                daemon.is_none() && e.downcast_ref::<belayer_ipc::ClientError>().is_some();
+            printer.failed(daemon.map(|d| d.code), unreachable, &format!("{e:#}"));
             std::process::exit(if unreachable { 3 } else { 1 });
         }
     }

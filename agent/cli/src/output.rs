@@ -24,10 +24,11 @@ pub fn text(bytes: &[u8]) -> String {
 }
 
 impl Printer {
-    /// A newly created sandbox: `{"id"}` or the bare id.
+    /// A newly created sandbox: with `--json` the sandbox as `sandbox inspect --json` prints
+    /// it (`id`, `init_pid`, `cgroup`, `limits`, ...), else the bare id.
     pub fn created(&self, info: &SandboxInfo) {
         if self.json {
-            print_json(&json!({ "id": info.id, "init_pid": info.init_pid, "cgroup": info.cgroup }));
+            print_json(&json!(info));
         } else {
             println!("{}", info.id);
         }
@@ -84,6 +85,7 @@ impl Printer {
                 "timings_ms": r.timings_ms,
                 "validity": r.validity,
                 "inodes_kept": r.inodes_kept,
+                "dropped_prefixes": r.dropped_prefixes,
             });
             match context_out {
                 Some(p) => v["context_file"] = json!(p.display().to_string()),
@@ -109,11 +111,31 @@ impl Printer {
                     r.sandbox, r.timings_ms.total
                 ),
             }
+            if !r.dropped_prefixes.is_empty() {
+                println!(
+                    "dropped the later checkpoints of prefixes {:?}",
+                    r.dropped_prefixes
+                );
+            }
             if context_out.is_none() && !r.context.is_empty() {
                 println!("context: {}", text(&r.context));
             }
         }
         Ok(())
+    }
+
+    /// A failed command (after its text on stderr): with `--json`, `{"error", "message"}` on
+    /// stdout, `error` being the daemon's code (`NotFound`, `UnknownSandbox`, ...), or
+    /// `Unreachable` (no daemon answered) or `Client` (anything else on this side).
+    pub fn failed(&self, code: Option<belayer_ipc::ErrorCode>, unreachable: bool, message: &str) {
+        if self.json {
+            let error = match (code, unreachable) {
+                (Some(code), _) => json!(code),
+                (None, true) => json!("Unreachable"),
+                (None, false) => json!("Client"),
+            };
+            print_json(&json!({ "error": error, "message": message }));
+        }
     }
 
     /// Any other answer.
@@ -170,6 +192,21 @@ impl Printer {
                     s.ready_prefix.map_or("-".into(), |k| k.to_string())
                 );
                 println!("tag:          {}", s.tag.as_deref().unwrap_or("-"));
+                println!("workdir:      {}", s.workdir.as_deref().unwrap_or("/"));
+                let limit = |v: Option<u64>| v.map_or("unlimited".into(), |v| v.to_string());
+                println!("memory max:   {}", limit(s.limits.memory_max));
+                println!("pids max:     {}", limit(s.limits.pids_max));
+                println!(
+                    "cpus:         {}",
+                    s.limits.cpus.map_or("unlimited".into(), |c| c.to_string())
+                );
+                println!("disk max:     {}", limit(s.limits.disk_max));
+                if let Some(u) = &s.userns {
+                    println!("userns:       {} {:?}", u.mode, u.uid_map);
+                }
+                for (k, v) in &s.env {
+                    println!("env:          {k}={v}");
+                }
             }
             Response::Sandboxes(v) => {
                 println!("ID\tSTATE\tIMAGE\tREADY\tPIDS");

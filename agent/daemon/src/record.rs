@@ -181,3 +181,48 @@ impl SandboxRecord {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(workdir: Option<&str>) -> SandboxRecord {
+        SandboxRecord {
+            id: "sb-000000000001".into(),
+            spec: SandboxSpec {
+                image: "busybox".into(),
+                workdir: workdir.map(str::to_owned),
+                ..Default::default()
+            },
+            state: SandboxState::Running,
+            instance: 2,
+            init_pid: Some(42),
+            init_start_time: Some(7),
+            cgroup: "belayer/sb-000000000001".into(),
+            created_unix_ms: 1,
+            userns: None,
+            owner_uid: 0,
+            inherited_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_workdir_survives_a_save_and_old_records_load_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = SandboxPaths::new(dir.path(), "sb-000000000001");
+        fs::create_dir_all(&paths.dir).unwrap();
+        let rec = record(Some("/srv/task"));
+        rec.save(&paths).unwrap();
+        assert_eq!(SandboxRecord::load(&paths).unwrap(), rec);
+
+        // A record written before protocol 9 (and 3): no `workdir`, no `disk_max` in the spec.
+        let mut old: serde_json::Value = serde_json::to_value(record(None)).unwrap();
+        let spec = old["spec"].as_object_mut().unwrap();
+        spec.remove("workdir");
+        spec.remove("disk_max");
+        fs::write(paths.state_file(), serde_json::to_vec(&old).unwrap()).unwrap();
+        let loaded = SandboxRecord::load(&paths).unwrap();
+        assert_eq!(loaded.spec.workdir, None);
+        assert_eq!(loaded, record(None));
+    }
+}

@@ -411,17 +411,24 @@ impl Agent {
                 },
                 None => unknown(&req.id),
             },
-            Request::Restore { id, verify } => match self.slot_for(caller, &id) {
+            Request::Restore { id, verify, prefix } => match self.slot_for(caller, &id) {
                 Some(slot) => {
-                    let mut restored = sandbox::restore::restore(&self.rt, &slot, verify);
+                    let restore = || sandbox::restore::restore(&self.rt, &slot, verify, prefix);
+                    let mut restored = restore();
                     if let Err(e) = &restored {
                         if e.is_criu_trap() {
                             tracing::warn!(sandbox = %id, error = %e, "restore failed on a task's SIGTRAP; trying once more");
-                            restored = sandbox::restore::restore(&self.rt, &slot, verify);
+                            restored = restore();
                         }
                     }
                     match restored {
-                        Ok(info) => Response::Restored(info),
+                        Ok(info) => {
+                            if !info.dropped_prefixes.is_empty() {
+                                // The dropped checkpoints' blobs may be garbage now.
+                                self.collect_blobs();
+                            }
+                            Response::Restored(info)
+                        }
                         Err(e) => error(e.code(), &e),
                     }
                 }

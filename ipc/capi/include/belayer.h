@@ -195,6 +195,15 @@
 // An internal panic was caught.
 #define BELAYER_E_PANIC -99
 
+// `BelayerCreateOptions.userns`: the daemon's default (`private` unless configured).
+#define BELAYER_USERNS_DEFAULT 0
+
+// User namespace of its own: root inside is an unprivileged host uid.
+#define BELAYER_USERNS_PRIVATE 1
+
+// The host's user namespace (root only): root inside is host root.
+#define BELAYER_USERNS_HOST 2
+
 // Opaque client handle.
 typedef struct BelayerMemClient BelayerMemClient;
 
@@ -410,6 +419,106 @@ typedef struct BelayerSandboxInfo {
   uint64_t created_unix_ms;
 } BelayerSandboxInfo;
 
+// How a sandbox was created and what bounds it (the second half of a
+// [`BelayerSandboxEntry`]); freed with its entry.
+typedef struct BelayerSandboxConfig {
+  // Rollout tag, NULL when none.
+  char *tag;
+  // Default working directory of actions, NULL when none (`/`).
+  char *workdir;
+  // Environment of every action: `env_len` `KEY=VALUE` strings.
+  char **env;
+  // Number of entries of `env`.
+  size_t env_len;
+  // `memory.max` in bytes; 0: unlimited.
+  uint64_t memory_max;
+  // `pids.max`; 0: unlimited.
+  uint64_t pids_max;
+  // CPU bandwidth limit in CPUs; 0: unlimited.
+  double cpus;
+  // Disk limit of the upper layer in bytes; 0: unlimited.
+  uint64_t disk_max;
+  // `BELAYER_USERNS_PRIVATE` or `BELAYER_USERNS_HOST` (`BELAYER_USERNS_DEFAULT`: not
+  // reported).
+  int userns;
+  // The sandbox cgroup, a path below the cgroup mount (e.g. `/belayer/sb-…`).
+  char *cgroup;
+} BelayerSandboxConfig;
+
+// A sandbox with its configuration ([`belayer_sandbox_inspect_with`], an item of
+// [`BelayerSandboxList`]); free with [`belayer_sandbox_entry_free`] (items of a list: with
+// the list).
+typedef struct BelayerSandboxEntry {
+  // State, pids, instance, ready prefix.
+  struct BelayerSandboxInfo info;
+  // Tag, env, workdir, limits, user namespace, cgroup.
+  struct BelayerSandboxConfig config;
+} BelayerSandboxEntry;
+
+// The sandboxes of [`belayer_sandbox_list`], oldest first; free with
+// [`belayer_sandbox_list_free`].
+typedef struct BelayerSandboxList {
+  // `len` entries; NULL when `len` is 0.
+  struct BelayerSandboxEntry *items;
+  // Number of entries.
+  size_t len;
+} BelayerSandboxList;
+
+// A ready checkpoint as [`belayer_checkpoint_list`] lists it.
+typedef struct BelayerCheckpointEntry {
+  // Prefix, bytes, timings, name, context digest.
+  struct BelayerCheckpointInfo info;
+  // Publication time, milliseconds since the Unix epoch.
+  uint64_t created_unix_ms;
+} BelayerCheckpointEntry;
+
+// The ready checkpoints of a sandbox, oldest first ([`belayer_checkpoint_list`]); free
+// with [`belayer_checkpoint_list_free`].
+typedef struct BelayerCheckpointList {
+  // `len` entries; NULL when `len` is 0.
+  struct BelayerCheckpointEntry *items;
+  // Number of entries.
+  size_t len;
+} BelayerCheckpointList;
+
+// What [`belayer_gc`] removed (plain values, nothing to free).
+typedef struct BelayerGcResult {
+  // Checkpoints removed.
+  uint64_t removed;
+  // Bytes freed (checkpoint artifacts and blobs no checkpoint refers to any more).
+  uint64_t bytes;
+} BelayerGcResult;
+
+// Options of [`belayer_sandbox_create_with`]; zero (all fields 0 or NULL) means every
+// default. Limits left 0 get the daemon's defaults (`default_memory_max_bytes`,
+// `default_pids_max`, `default_cpus`, `default_disk_max_bytes`), which are also the ceilings
+// of a non-root caller.
+typedef struct BelayerCreateOptions {
+  // Rollout tag (for `belayer_gc`), `[A-Za-z0-9._-]{1,64}`; NULL: none.
+  const char *tag;
+  // Environment of every action: `env_len` NUL-terminated `KEY=VALUE` strings (KEY
+  // non-empty, split at the first `=`); NULL when `env_len` is 0.
+  const char *const *env;
+  // Number of entries of `env`.
+  size_t env_len;
+  // Working directory of every action: an absolute path inside the sandbox (not created:
+  // actions fail with `BELAYER_E_EXEC_FAILED` while it is missing); an action's own `cwd`
+  // overrides it. NULL: `/`.
+  const char *workdir;
+  // `memory.max` in bytes (at least 1 MiB); 0: the daemon's default.
+  uint64_t memory_max;
+  // `pids.max` (at least 1); 0: the daemon's default.
+  uint64_t pids_max;
+  // CPU bandwidth limit in CPUs (0.01 to 65536, e.g. 1.5); 0: the daemon's default.
+  // Negative or not finite: `BELAYER_E_INVALID_ARGUMENT`.
+  double cpus;
+  // Bytes the sandbox's upper layer may allocate (at least 1 MiB); 0: the daemon's
+  // default.
+  uint64_t disk_max;
+  // `BELAYER_USERNS_*`; any other value is `BELAYER_E_INVALID_ARGUMENT`.
+  int userns;
+} BelayerCreateOptions;
+
 // Outcome of a file transfer ([`belayer_upload`], [`belayer_download`] and their archive
 // forms): plain values, nothing to free.
 typedef struct BelayerTransferResult {
@@ -486,6 +595,26 @@ int belayer_restore(BelayerClient client,
                     const char *id,
                     bool verify,
                     struct BelayerRestoreInfo *out);
+
+// Restores sandbox `id` from its ready checkpoint of action boundary `prefix` (the latest one
+// taken at it) into a fresh instance, as [`belayer_restore`] does with the ready one. When
+// that checkpoint is older than the ready one, it becomes the ready checkpoint once the
+// restore succeeded, and the checkpoints published after it are dropped (the sandbox no
+// longer has that future); their number goes to `*out_dropped` when it is not NULL.
+//
+// Errors: `BELAYER_E_NOT_FOUND` when no ready checkpoint has that prefix (nothing is
+// touched); as [`belayer_restore`] otherwise.
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` is a NUL-terminated string; `out` is a valid pointer to write to; `out_dropped` is
+// NULL or a valid pointer to write to.
+int belayer_restore_to(BelayerClient client,
+                       const char *id,
+                       uint64_t prefix,
+                       bool verify,
+                       struct BelayerRestoreInfo *out,
+                       uint64_t *out_dropped);
 
 // Frees the context of `*info` and zeroes it. NULL is ignored.
 //
@@ -680,6 +809,75 @@ void belayer_string_free(char **s);
 // `buf` is null or points at a buffer filled by this library (or zeroed).
 void belayer_buf_free(struct BelayerBuf *buf);
 
+// Describes sandbox `id` with its configuration (tag, env, workdir, limits, user
+// namespace, cgroup) into `*out` (free with [`belayer_sandbox_entry_free`]).
+//
+// Errors: daemon codes (`BELAYER_E_UNKNOWN_SANDBOX`, ...).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` is a NUL-terminated string; `out` is a valid pointer to write to.
+int belayer_sandbox_inspect_with(BelayerClient client,
+                                 const char *id,
+                                 struct BelayerSandboxEntry *out);
+
+// Frees what [`belayer_sandbox_inspect_with`] stored in `*entry` and zeroes it. NULL is
+// ignored.
+//
+// # Safety
+// `entry` is null or points at an entry filled by this library (or zeroed), not one of a
+// [`BelayerSandboxList`].
+void belayer_sandbox_entry_free(struct BelayerSandboxEntry *entry);
+
+// Lists the sandboxes this caller may see (root: every one), oldest first, with their
+// configurations, into `*out` (free with [`belayer_sandbox_list_free`]).
+//
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `out` is a valid pointer to write to.
+int belayer_sandbox_list(BelayerClient client,
+                         struct BelayerSandboxList *out);
+
+// Frees a list of [`belayer_sandbox_list`] with every entry and zeroes it. NULL is ignored.
+//
+// # Safety
+// `list` is null or points at a list filled by this library (or zeroed).
+void belayer_sandbox_list_free(struct BelayerSandboxList *list);
+
+// Lists the ready checkpoints of sandbox `id`, oldest first (those up to the ready one)
+// into `*out` (free with [`belayer_checkpoint_list_free`]).
+//
+// Errors: daemon codes (`BELAYER_E_UNKNOWN_SANDBOX`, ...).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` is a NUL-terminated string; `out` is a valid pointer to write to.
+int belayer_checkpoint_list(BelayerClient client,
+                            const char *id,
+                            struct BelayerCheckpointList *out);
+
+// Frees a list of [`belayer_checkpoint_list`] and zeroes it. NULL is ignored.
+//
+// # Safety
+// `list` is null or points at a list filled by this library (or zeroed).
+void belayer_checkpoint_list_free(struct BelayerCheckpointList *list);
+
+// Drops checkpoints of the caller's sandboxes (root: of every sandbox): those older than
+// `older_than_s` seconds (negative: no age criterion; every sandbox keeps its ready one),
+// and every one of the sandboxes with rollout tag `tag` (NULL: none), ready ones included.
+// Stores what was removed in `*out` when `out` is not NULL.
+//
+// Errors: `BELAYER_E_BAD_REQUEST` with neither criterion; daemon codes.
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `tag` is NULL or a NUL-terminated string; `out` is NULL or a valid pointer to write to.
+int belayer_gc(BelayerClient client,
+               int64_t older_than_s,
+               const char *tag,
+               struct BelayerGcResult *out);
+
 // Connects to the memory server socket `socket_path`; stores the client in `*out`.
 //
 // # Safety
@@ -852,6 +1050,27 @@ int belayer_sandbox_create(BelayerClient client,
                            const char *image,
                            const char *tag,
                            char **out_id);
+
+// Creates and starts a sandbox from `image` with the options `*options` (NULL: every
+// default, as [`belayer_sandbox_create`] without a tag): env, workdir, limits, tag, user
+// namespace; stores its id in `*out_id` (free with [`belayer_string_free`]).
+//
+// Errors: `BELAYER_E_INVALID_ARGUMENT` for a null `image` or `out_id`, a string that is not
+// UTF-8, an env entry that is NULL or not `KEY=VALUE` with a non-empty KEY, a NULL `env`
+// with a non-zero `env_len`, a negative or non-finite `cpus`, an unknown `userns`; daemon
+// codes (`BELAYER_E_BAD_REQUEST` for a relative workdir, a bad tag or limits below their
+// minimum, `BELAYER_E_PERMISSION_DENIED` for limits over a non-root caller's ceilings or
+// `BELAYER_USERNS_HOST` from a non-root caller, `BELAYER_E_UNKNOWN_IMAGE`, ...).
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `image` is a NUL-terminated string; `options` is NULL or a valid pointer whose `tag` and
+// `workdir` are NULL or NUL-terminated strings and whose `env` points at `env_len`
+// NUL-terminated strings (or is NULL with `env_len` 0); `out_id` is a valid pointer.
+int belayer_sandbox_create_with(BelayerClient client,
+                                const char *image,
+                                const struct BelayerCreateOptions *options,
+                                char **out_id);
 
 // Describes sandbox `id` into `*out` (free with [`belayer_sandbox_info_free`]).
 //

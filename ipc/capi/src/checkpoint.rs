@@ -175,32 +175,81 @@ pub unsafe extern "C" fn belayer_restore(
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let (id, out) = unsafe { (text(id, "id")?, writable(out, "out")?) };
-        // SAFETY: valid for writes; the old content may be garbage, so no drop.
-        unsafe { std::ptr::write(out, BelayerRestoreInfo::EMPTY) };
-        match call(
-            client,
-            Request::Restore {
-                id: id.to_owned(),
-                verify,
-            },
-        )? {
-            Response::Restored(r) => {
-                *out = BelayerRestoreInfo {
-                    has_prefix: r.prefix.is_some(),
-                    prefix: r.prefix.unwrap_or(0),
-                    init_pid: r.init_pid,
-                    total_ms: r.timings_ms.total,
-                    verified: r.validity.is_some(),
-                    fs_matches: r.validity.as_ref().is_some_and(|v| v.fs_matches),
-                    processes_match: r.validity.as_ref().is_some_and(|v| v.processes_match),
-                    inodes_kept: r.inodes_kept,
-                    context: buf(r.context),
-                };
-                Ok(())
-            }
-            other => Err(unexpected("restore", &other)),
-        }
+        restore(client, id, verify, None, out).map(|_| ())
     })
+}
+
+/// Restores sandbox `id` from its ready checkpoint of action boundary `prefix` (the latest one
+/// taken at it) into a fresh instance, as [`belayer_restore`] does with the ready one. When
+/// that checkpoint is older than the ready one, it becomes the ready checkpoint once the
+/// restore succeeded, and the checkpoints published after it are dropped (the sandbox no
+/// longer has that future); their number goes to `*out_dropped` when it is not NULL.
+///
+/// Errors: `BELAYER_E_NOT_FOUND` when no ready checkpoint has that prefix (nothing is
+/// touched); as [`belayer_restore`] otherwise.
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `id` is a NUL-terminated string; `out` is a valid pointer to write to; `out_dropped` is
+/// NULL or a valid pointer to write to.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_restore_to(
+    client: BelayerClient,
+    id: *const c_char,
+    prefix: u64,
+    verify: bool,
+    out: *mut BelayerRestoreInfo,
+    out_dropped: *mut u64,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract; a plain value, no drop needed.
+        let (id, out, dropped) =
+            unsafe { (text(id, "id")?, writable(out, "out")?, out_dropped.as_mut()) };
+        let dropped = dropped.map(|d| {
+            *d = 0;
+            d
+        });
+        let n = restore(client, id, verify, Some(prefix), out)?;
+        if let Some(d) = dropped {
+            *d = n;
+        }
+        Ok(())
+    })
+}
+
+/// Sends the restore and fills `out` (emptied first); returns how many checkpoints the
+/// restore dropped.
+fn restore(
+    client: BelayerClient,
+    id: &str,
+    verify: bool,
+    prefix: Option<u64>,
+    out: &mut BelayerRestoreInfo,
+) -> Result<u64, Failure> {
+    // SAFETY: `out` is valid for writes; the old content may be garbage, so no drop.
+    unsafe { std::ptr::write(out, BelayerRestoreInfo::EMPTY) };
+    let req = Request::Restore {
+        id: id.to_owned(),
+        verify,
+        prefix,
+    };
+    match call(client, req)? {
+        Response::Restored(r) => {
+            *out = BelayerRestoreInfo {
+                has_prefix: r.prefix.is_some(),
+                prefix: r.prefix.unwrap_or(0),
+                init_pid: r.init_pid,
+                total_ms: r.timings_ms.total,
+                verified: r.validity.is_some(),
+                fs_matches: r.validity.as_ref().is_some_and(|v| v.fs_matches),
+                processes_match: r.validity.as_ref().is_some_and(|v| v.processes_match),
+                inodes_kept: r.inodes_kept,
+                context: buf(r.context),
+            };
+            Ok(r.dropped_prefixes.len() as u64)
+        }
+        other => Err(unexpected("restore", &other)),
+    }
 }
 
 /// Frees the context of `*info` and zeroes it. NULL is ignored.

@@ -204,18 +204,8 @@ unsafe fn apply_options(o: &BelayerExecOptions, req: &mut ExecRequest) -> Result
     req.timeout_ms = (o.timeout_ms > 0).then_some(o.timeout_ms);
     req.output_limit = (o.output_limit > 0).then_some(o.output_limit);
     req.merge_stderr = o.merge_stderr != 0;
-    if o.env_len > 0 {
-        if o.env.is_null() {
-            return Err(Failure::invalid("opts.env is NULL with a non-zero env_len"));
-        }
-        // SAFETY: non-null and `env_len` entries long by contract.
-        let entries = unsafe { std::slice::from_raw_parts(o.env, o.env_len) };
-        for (i, &entry) in entries.iter().enumerate() {
-            // SAFETY: each entry is null or a NUL-terminated string by contract.
-            let entry = unsafe { text(entry, &format!("opts.env[{i}]"))? };
-            req.env.push(env_pair(entry, i)?);
-        }
-    }
+    // SAFETY: `env` and `env_len` follow the contract of `belayer_exec_with`.
+    req.env = unsafe { env_pairs(o.env, o.env_len, "opts.env")? };
     if o.stdin_len > 0 {
         if o.stdin_data.is_null() {
             return Err(Failure::invalid(
@@ -235,17 +225,49 @@ unsafe fn apply_options(o: &BelayerExecOptions, req: &mut ExecRequest) -> Result
     Ok(())
 }
 
-/// Splits the env entry `entry` (index `i`) at its first `=`: KEY must be non-empty.
-fn env_pair(entry: &str, i: usize) -> Result<(String, String), Failure> {
+/// Splits the env entry `entry` (index `i` of the array `what`) at its first `=`: KEY must be
+/// non-empty.
+pub(crate) fn env_pair(entry: &str, what: &str, i: usize) -> Result<(String, String), Failure> {
     match entry.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(Failure::new(
             BELAYER_E_INVALID_ARGUMENT,
             format!(
-                "invalid argument: opts.env[{i}] {entry:?} is not KEY=VALUE with a non-empty KEY"
+                "invalid argument: {what}[{i}] {entry:?} is not KEY=VALUE with a non-empty KEY"
             ),
         )),
     }
+}
+
+/// The `count` strings of the C array `entries` (the field `what`) as `(KEY, VALUE)` pairs.
+///
+/// # Safety
+/// `entries` is NULL (then `count` must be 0) or points at `count` pointers, each NULL or a
+/// NUL-terminated string, valid for the call.
+pub(crate) unsafe fn env_pairs(
+    entries: *const *const c_char,
+    count: usize,
+    what: &str,
+) -> Result<Vec<(String, String)>, Failure> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    if entries.is_null() {
+        return Err(Failure::invalid(&format!(
+            "{what} is NULL with a non-zero count"
+        )));
+    }
+    // SAFETY: non-null and `count` entries long by contract.
+    let entries = unsafe { std::slice::from_raw_parts(entries, count) };
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, &entry)| {
+            // SAFETY: each entry is null or a NUL-terminated string by contract.
+            let entry = unsafe { text(entry, &format!("{what}[{i}]"))? };
+            env_pair(entry, what, i)
+        })
+        .collect()
 }
 
 /// Frees the buffers of `*result` and zeroes it. NULL is ignored.
@@ -268,10 +290,16 @@ mod tests {
 
     #[test]
     fn env_entries_need_a_key() {
-        assert_eq!(env_pair("A=b=c", 0).unwrap(), ("A".into(), "b=c".into()));
-        assert_eq!(env_pair("A=", 0).unwrap(), ("A".into(), String::new()));
+        assert_eq!(
+            env_pair("A=b=c", "opts.env", 0).unwrap(),
+            ("A".into(), "b=c".into())
+        );
+        assert_eq!(
+            env_pair("A=", "opts.env", 0).unwrap(),
+            ("A".into(), String::new())
+        );
         for bad in ["=x", "NOEQUALS", ""] {
-            let e = env_pair(bad, 3).unwrap_err();
+            let e = env_pair(bad, "opts.env", 3).unwrap_err();
             assert_eq!(e.code, BELAYER_E_INVALID_ARGUMENT);
             assert!(e.message.contains("opts.env[3]"), "{}", e.message);
         }

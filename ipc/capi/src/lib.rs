@@ -5,7 +5,7 @@
 //! memory-server functions too (`belayer_mem_*`, `belayer_placeholder_*`,
 //! `belayer_gpu_health_check`, module `memory`), so one library serves both. Modules, one per
 //! resource: `status` (status codes, the per-thread last error, the panic guard), `types`,
-//! `handles`, `convert`, `library`, `connection`, `sandbox`, `exec`, `checkpoint`, `context`, `events`,
+//! `handles`, `convert`, `library`, `connection`, `sandbox`, `listing`, `exec`, `checkpoint`, `context`, `events`,
 //! `transfer`, `memory`. The C header `include/belayer.h` is generated from this crate by cbindgen (see `tests/header.rs`, which fails when the checked-in header differs;
 //! `BELAYER_BLESS=1 cargo test -p belayer-capi --test header` rewrites it).
 //!
@@ -90,6 +90,7 @@ mod events;
 mod exec;
 mod handles;
 mod library;
+mod listing;
 mod memory;
 mod sandbox;
 mod status;
@@ -103,6 +104,7 @@ pub use convert::status_of;
 pub use events::*;
 pub use exec::*;
 pub use library::*;
+pub use listing::*;
 pub use sandbox::*;
 pub use transfer::*;
 pub use types::*;

@@ -1,7 +1,7 @@
 //! Images and sandboxes: import, create, inspect, destroy (actions: [`crate::exec`]).
 
-use crate::status::{guard, text, writable};
-use belayer_ipc::{Request, Response, SandboxSpec};
+use crate::status::{guard, text, writable, Failure};
+use belayer_ipc::{Request, Response, SandboxInfo, SandboxSpec, UsernsMode};
 use std::ffi::{c_char, c_int};
 
 use crate::convert::*;
@@ -78,6 +78,90 @@ pub unsafe extern "C" fn belayer_sandbox_create(
     })
 }
 
+/// Creates and starts a sandbox from `image` with the options `*options` (NULL: every
+/// default, as [`belayer_sandbox_create`] without a tag): env, workdir, limits, tag, user
+/// namespace; stores its id in `*out_id` (free with [`belayer_string_free`]).
+///
+/// Errors: `BELAYER_E_INVALID_ARGUMENT` for a null `image` or `out_id`, a string that is not
+/// UTF-8, an env entry that is NULL or not `KEY=VALUE` with a non-empty KEY, a NULL `env`
+/// with a non-zero `env_len`, a negative or non-finite `cpus`, an unknown `userns`; daemon
+/// codes (`BELAYER_E_BAD_REQUEST` for a relative workdir, a bad tag or limits below their
+/// minimum, `BELAYER_E_PERMISSION_DENIED` for limits over a non-root caller's ceilings or
+/// `BELAYER_USERNS_HOST` from a non-root caller, `BELAYER_E_UNKNOWN_IMAGE`, ...).
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `image` is a NUL-terminated string; `options` is NULL or a valid pointer whose `tag` and
+/// `workdir` are NULL or NUL-terminated strings and whose `env` points at `env_len`
+/// NUL-terminated strings (or is NULL with `env_len` 0); `out_id` is a valid pointer.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_sandbox_create_with(
+    client: BelayerClient,
+    image: *const c_char,
+    options: *const BelayerCreateOptions,
+    out_id: *mut *mut c_char,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (image, out) = unsafe { (text(image, "image")?, writable(out_id, "out_id")?) };
+        *out = std::ptr::null_mut();
+        let mut spec = SandboxSpec {
+            image: image.to_owned(),
+            ..Default::default()
+        };
+        // SAFETY: `options` is null or valid for reads, its pointers per this contract.
+        if let Some(o) = unsafe { options.as_ref() } {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { apply_create_options(o, &mut spec)? };
+        }
+        match call(client, Request::CreateSandbox(spec))? {
+            Response::Sandbox(info) => {
+                *out = c_string(info.id, "sandbox id")?;
+                Ok(())
+            }
+            other => Err(unexpected("sandbox create", &other)),
+        }
+    })
+}
+
+/// Copies the options `o` into `spec`, validating what the C types cannot.
+///
+/// # Safety
+/// The pointers of `o` follow the contract of [`belayer_sandbox_create_with`].
+unsafe fn apply_create_options(
+    o: &BelayerCreateOptions,
+    spec: &mut SandboxSpec,
+) -> Result<(), Failure> {
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        spec.tag = opt_text(o.tag, "options.tag")?.map(str::to_owned);
+        spec.workdir = opt_text(o.workdir, "options.workdir")?.map(str::to_owned);
+        spec.env = crate::exec::env_pairs(o.env, o.env_len, "options.env")?;
+    }
+    let set = |v: u64| (v > 0).then_some(v);
+    spec.memory_max = set(o.memory_max);
+    spec.pids_max = set(o.pids_max);
+    spec.disk_max = set(o.disk_max);
+    if !o.cpus.is_finite() || o.cpus < 0.0 {
+        return Err(Failure::invalid(&format!(
+            "options.cpus {} is not a non-negative number",
+            o.cpus
+        )));
+    }
+    spec.cpus = (o.cpus > 0.0).then_some(o.cpus);
+    spec.userns = match o.userns {
+        BELAYER_USERNS_DEFAULT => None,
+        BELAYER_USERNS_PRIVATE => Some(UsernsMode::Private),
+        BELAYER_USERNS_HOST => Some(UsernsMode::Host),
+        other => {
+            return Err(Failure::invalid(&format!(
+                "options.userns {other} is none of BELAYER_USERNS_*"
+            )))
+        }
+    };
+    Ok(())
+}
+
 /// Describes sandbox `id` into `*out` (free with [`belayer_sandbox_info_free`]).
 ///
 /// Thread-safety: any thread; serialized per client.
@@ -100,31 +184,36 @@ pub unsafe extern "C" fn belayer_sandbox_inspect(
             Response::Sandbox(info) => info,
             other => return Err(unexpected("sandbox inspect", &other)),
         };
-        let mut result = BelayerSandboxInfo {
-            init_pid: info.init_pid.unwrap_or(-1),
-            instance: info.instance,
-            has_ready_prefix: info.ready_prefix.is_some(),
-            ready_prefix: info.ready_prefix.unwrap_or(0),
-            created_unix_ms: info.created_unix_ms,
-            ..BelayerSandboxInfo::EMPTY
-        };
-        let filled = (|| {
-            result.id = c_string(info.id, "sandbox id")?;
-            result.image = c_string(info.image, "image")?;
-            result.state = c_string(info.state.as_str().to_owned(), "state")?;
-            Ok(())
-        })();
-        if let Err(e) = filled {
-            release_sandbox_info(&mut result);
-            return Err(e);
-        }
-        if !info.pids.is_empty() {
-            result.pids_len = info.pids.len();
-            result.pids = Box::into_raw(info.pids.into_boxed_slice()).cast::<i32>();
-        }
-        *out = result;
+        *out = sandbox_info_of(info)?;
         Ok(())
     })
+}
+
+/// The C form of `info` (its pids and strings; the rest of it is [`crate::listing`]'s).
+pub(crate) fn sandbox_info_of(info: SandboxInfo) -> Result<BelayerSandboxInfo, Failure> {
+    let mut result = BelayerSandboxInfo {
+        init_pid: info.init_pid.unwrap_or(-1),
+        instance: info.instance,
+        has_ready_prefix: info.ready_prefix.is_some(),
+        ready_prefix: info.ready_prefix.unwrap_or(0),
+        created_unix_ms: info.created_unix_ms,
+        ..BelayerSandboxInfo::EMPTY
+    };
+    let filled = (|| {
+        result.id = c_string(info.id, "sandbox id")?;
+        result.image = c_string(info.image, "image")?;
+        result.state = c_string(info.state.as_str().to_owned(), "state")?;
+        Ok(())
+    })();
+    if let Err(e) = filled {
+        release_sandbox_info(&mut result);
+        return Err(e);
+    }
+    if !info.pids.is_empty() {
+        result.pids_len = info.pids.len();
+        result.pids = Box::into_raw(info.pids.into_boxed_slice()).cast::<i32>();
+    }
+    Ok(result)
 }
 
 pub(crate) fn release_sandbox_info(info: &mut BelayerSandboxInfo) {

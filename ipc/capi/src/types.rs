@@ -229,6 +229,127 @@ pub struct BelayerEvent {
     pub reason: *mut c_char,
 }
 
+/// `BelayerCreateOptions.userns`: the daemon's default (`private` unless configured).
+pub const BELAYER_USERNS_DEFAULT: c_int = 0;
+/// User namespace of its own: root inside is an unprivileged host uid.
+pub const BELAYER_USERNS_PRIVATE: c_int = 1;
+/// The host's user namespace (root only): root inside is host root.
+pub const BELAYER_USERNS_HOST: c_int = 2;
+
+/// Options of [`belayer_sandbox_create_with`]; zero (all fields 0 or NULL) means every
+/// default. Limits left 0 get the daemon's defaults (`default_memory_max_bytes`,
+/// `default_pids_max`, `default_cpus`, `default_disk_max_bytes`), which are also the ceilings
+/// of a non-root caller.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BelayerCreateOptions {
+    /// Rollout tag (for `belayer_gc`), `[A-Za-z0-9._-]{1,64}`; NULL: none.
+    pub tag: *const c_char,
+    /// Environment of every action: `env_len` NUL-terminated `KEY=VALUE` strings (KEY
+    /// non-empty, split at the first `=`); NULL when `env_len` is 0.
+    pub env: *const *const c_char,
+    /// Number of entries of `env`.
+    pub env_len: usize,
+    /// Working directory of every action: an absolute path inside the sandbox (not created:
+    /// actions fail with `BELAYER_E_EXEC_FAILED` while it is missing); an action's own `cwd`
+    /// overrides it. NULL: `/`.
+    pub workdir: *const c_char,
+    /// `memory.max` in bytes (at least 1 MiB); 0: the daemon's default.
+    pub memory_max: u64,
+    /// `pids.max` (at least 1); 0: the daemon's default.
+    pub pids_max: u64,
+    /// CPU bandwidth limit in CPUs (0.01 to 65536, e.g. 1.5); 0: the daemon's default.
+    /// Negative or not finite: `BELAYER_E_INVALID_ARGUMENT`.
+    pub cpus: f64,
+    /// Bytes the sandbox's upper layer may allocate (at least 1 MiB); 0: the daemon's
+    /// default.
+    pub disk_max: u64,
+    /// `BELAYER_USERNS_*`; any other value is `BELAYER_E_INVALID_ARGUMENT`.
+    pub userns: c_int,
+}
+
+/// How a sandbox was created and what bounds it (the second half of a
+/// [`BelayerSandboxEntry`]); freed with its entry.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerSandboxConfig {
+    /// Rollout tag, NULL when none.
+    pub tag: *mut c_char,
+    /// Default working directory of actions, NULL when none (`/`).
+    pub workdir: *mut c_char,
+    /// Environment of every action: `env_len` `KEY=VALUE` strings.
+    pub env: *mut *mut c_char,
+    /// Number of entries of `env`.
+    pub env_len: usize,
+    /// `memory.max` in bytes; 0: unlimited.
+    pub memory_max: u64,
+    /// `pids.max`; 0: unlimited.
+    pub pids_max: u64,
+    /// CPU bandwidth limit in CPUs; 0: unlimited.
+    pub cpus: f64,
+    /// Disk limit of the upper layer in bytes; 0: unlimited.
+    pub disk_max: u64,
+    /// `BELAYER_USERNS_PRIVATE` or `BELAYER_USERNS_HOST` (`BELAYER_USERNS_DEFAULT`: not
+    /// reported).
+    pub userns: c_int,
+    /// The sandbox cgroup, a path below the cgroup mount (e.g. `/belayer/sb-…`).
+    pub cgroup: *mut c_char,
+}
+
+/// A sandbox with its configuration ([`belayer_sandbox_inspect_with`], an item of
+/// [`BelayerSandboxList`]); free with [`belayer_sandbox_entry_free`] (items of a list: with
+/// the list).
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerSandboxEntry {
+    /// State, pids, instance, ready prefix.
+    pub info: BelayerSandboxInfo,
+    /// Tag, env, workdir, limits, user namespace, cgroup.
+    pub config: BelayerSandboxConfig,
+}
+
+/// The sandboxes of [`belayer_sandbox_list`], oldest first; free with
+/// [`belayer_sandbox_list_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerSandboxList {
+    /// `len` entries; NULL when `len` is 0.
+    pub items: *mut BelayerSandboxEntry,
+    /// Number of entries.
+    pub len: usize,
+}
+
+/// A ready checkpoint as [`belayer_checkpoint_list`] lists it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerCheckpointEntry {
+    /// Prefix, bytes, timings, name, context digest.
+    pub info: BelayerCheckpointInfo,
+    /// Publication time, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+}
+
+/// The ready checkpoints of a sandbox, oldest first ([`belayer_checkpoint_list`]); free
+/// with [`belayer_checkpoint_list_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct BelayerCheckpointList {
+    /// `len` entries; NULL when `len` is 0.
+    pub items: *mut BelayerCheckpointEntry,
+    /// Number of entries.
+    pub len: usize,
+}
+
+/// What [`belayer_gc`] removed (plain values, nothing to free).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BelayerGcResult {
+    /// Checkpoints removed.
+    pub removed: u64,
+    /// Bytes freed (checkpoint artifacts and blobs no checkpoint refers to any more).
+    pub bytes: u64,
+}
+
 /// Outcome of a file transfer ([`belayer_upload`], [`belayer_download`] and their archive
 /// forms): plain values, nothing to free.
 #[repr(C)]

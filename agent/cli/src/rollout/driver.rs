@@ -289,6 +289,7 @@ impl Run<'_> {
             Request::Restore {
                 id: self.id.clone(),
                 verify,
+                prefix: None,
             },
         )? {
             Response::Restored(r) => r,

@@ -102,6 +102,16 @@ pub(crate) fn valid_env(key: &str, value: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// The longest working directory a spec may name (`PATH_MAX`).
+pub const WORKDIR_MAX: usize = 4096;
+
+/// Checks a working directory from a client (a spec's `workdir`, an action's `cwd`): an
+/// absolute path of at most [`WORKDIR_MAX`] bytes without NUL. It is resolved by `chdir`
+/// inside the sandbox's mount namespace and root, so `..` and symlinks stay in the sandbox.
+pub(crate) fn valid_dir(dir: &str) -> bool {
+    dir.starts_with('/') && dir.len() <= WORKDIR_MAX && !dir.contains('\0')
+}
+
 /// Creates and starts a sandbox from `spec`, owned by `owner_uid` (the peer that asked).
 /// Limits the spec leaves open get the daemon's defaults (`default_pids_max`,
 /// `default_memory_max_bytes`, `default_cpus`, `default_disk_max_bytes`, `userns`).
@@ -137,6 +147,12 @@ pub fn create(
     if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
         return Err(CreateError::InvalidSpec(format!(
             "bad environment variable {k:?}"
+        )));
+    }
+    if let Some(dir) = spec.workdir.as_deref().filter(|d| !valid_dir(d)) {
+        return Err(CreateError::InvalidSpec(format!(
+            "workdir {:?} must be an absolute path of at most {WORKDIR_MAX} bytes without NUL",
+            dir.chars().take(64).collect::<String>()
         )));
     }
     if let Some(tag) = spec.tag.as_deref().filter(|t| !valid_name(t)) {
@@ -175,6 +191,7 @@ pub fn create(
         make_instance_dir(rt, &paths, 0, rec.spec.disk_max)?;
         let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
         let (pid, start) = up.spawn_init(rt, &rec, &paths)?;
+        wait_init_settled(pid, INIT_SETTLE_MAX);
         rec.init_pid = Some(pid);
         rec.init_start_time = Some(start);
         rec.save(&paths)?;
@@ -206,6 +223,33 @@ pub fn create(
 /// Kills the init of a creation that failed after it started (its record could not be
 /// saved), removes the cgroup, reaps it and unmounts the root. Returns whether the tree is
 /// gone.
+/// Longest a create waits for the new init to settle ([`wait_init_settled`]).
+const INIT_SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits until the init has started its idle `sleep` and sleeps itself waiting for it, or
+/// `max` passes. The dirtiness verdict of an action counts the init running during the action
+/// ([`crate::trace`]); an init still starting its script (on a loaded host this can outlast
+/// the create) would make the first action look dirty. Past `max` the create goes on: the
+/// verdict then errs towards dirty, never towards clean.
+fn wait_init_settled(pid: i32, max: std::time::Duration) {
+    let deadline = std::time::Instant::now() + max;
+    let settled = || {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let sleeping = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('S'))
+            })
+            .unwrap_or(false);
+        !children.trim().is_empty() && sleeping
+    };
+    while !settled() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 fn discard_started(rec: &SandboxRecord, paths: &SandboxPaths) -> bool {
     if let Ok(cg) = SandboxCgroup::open(&rec.cgroup) {
         if let Err(e) = cg

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use belayer_ipc::{ErrorCode, ExecRequest, ExecResult};
 
-use super::create::valid_env;
+use super::create::{valid_dir, valid_env, WORKDIR_MAX};
 use super::{SandboxSlot, SandboxState};
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::parse_status;
@@ -112,12 +112,10 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
             "bad environment variable {k:?}"
         )));
     }
-    if req
-        .cwd
-        .as_deref()
-        .is_some_and(|c| c.contains('\0') || !c.starts_with('/'))
-    {
-        return Err(ExecError::Invalid("cwd must be an absolute path".into()));
+    if req.cwd.as_deref().is_some_and(|c| !valid_dir(c)) {
+        return Err(ExecError::Invalid(format!(
+            "cwd must be an absolute path of at most {WORKDIR_MAX} bytes without NUL"
+        )));
     }
     let stdin_max = stdin_limit(&rt.config);
     if req.stdin.len() as u64 > stdin_max {
@@ -203,7 +201,13 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         .arg("--start-time")
         .arg(start.to_string())
         .arg("--cwd")
-        .arg(req.cwd.as_deref().unwrap_or("/"))
+        // The action's own, else the sandbox's default (`SandboxSpec::workdir`), else `/`.
+        .arg(
+            req.cwd
+                .as_deref()
+                .or(rec.spec.workdir.as_deref())
+                .unwrap_or("/"),
+        )
         .arg("--status-fd")
         .arg(STATUS_FD.to_string());
     if stdin.is_some() {

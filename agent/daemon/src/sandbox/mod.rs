@@ -33,7 +33,7 @@ mod watches;
 use std::fs;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use belayer_ipc::{SandboxInfo, UsernsInfo};
+use belayer_ipc::{SandboxInfo, SandboxLimits, UsernsInfo};
 use belayer_overlay::layer::LayerManifest;
 
 pub use crate::record::{state, RecordError, SandboxPaths, SandboxRecord, SandboxState};
@@ -323,6 +323,14 @@ impl SandboxSlot {
             tag: rec.spec.tag.clone(),
             created_unix_ms: rec.created_unix_ms,
             userns: Some(Self::userns_info(&rec)),
+            limits: SandboxLimits {
+                memory_max: rec.spec.memory_max,
+                pids_max: rec.spec.pids_max,
+                cpus: rec.spec.cpus,
+                disk_max: rec.spec.disk_max,
+            },
+            env: rec.spec.env.clone(),
+            workdir: rec.spec.workdir.clone(),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! `restore`: full_restore (paper: "Environment-state recovery"; DESIGN.md invariant "recovery
 //! alignment").
 //!
-//! 1. load the ready checkpoint's manifests (untrusted input, checked entry by entry);
+//! 1. load the manifests of the ready checkpoint, or of the one of the requested boundary K
+//!    (untrusted input, checked entry by entry);
 //! 2. install F_k into a fresh instance: a writable snapshot of the checkpoint's upper
 //!    snapshot where it has one (one ioctl; files keep their inode numbers and times), else
 //!    materialized from its layer manifest and the blob store (`upper`); meanwhile a second
@@ -12,7 +13,9 @@
 //!    then mount the fresh instance's overlay and create its cgroup;
 //! 4. check every path of R_k beneath the new merged dir (`belayer_criu::validate_restore_paths`),
 //!    then CRIU-restore R_k into it (`--root` the new merged dir);
-//! 5. hand back L_k.
+//! 5. for an earlier checkpoint C_K: move the ready pointer back to it, then (once the record
+//!    names the new instance) drop the checkpoints published after it ([`rewind`]);
+//! 6. hand back L_k.
 //!
 //! Without a ready checkpoint the sandbox restarts from its base image (k = 0) in a fresh
 //! instance and the answer says so (`prefix: None`).
@@ -33,6 +36,7 @@ use crate::store::CheckpointStore;
 use crate::sys;
 
 mod error;
+mod rewind;
 mod upper;
 pub use error::RestoreError;
 pub(crate) use upper::{charged_bytes, ghost_bytes};
@@ -42,18 +46,18 @@ fn ms(since: Instant) -> f64 {
 }
 
 /// Restores the sandbox in `slot` from its ready checkpoint, or from its base image when it has
-/// none.
+/// none; with `prefix`, from its latest ready checkpoint of that boundary (an earlier one
+/// becomes the ready checkpoint and the later ones are dropped, see [`rewind`]), or
+/// [`RestoreError::NoCheckpoint`] when it has none.
 pub fn restore(
     rt: &Runtime,
     slot: &SandboxSlot,
     verify: bool,
+    prefix: Option<u64>,
 ) -> Result<RestoreInfo, RestoreError> {
     let started = Instant::now();
     let _op = slot.lock_op();
-    // Unknown while the old instance is torn down and the new one built; the ready state
-    // once it is restored.
-    slot.changes.forget();
-    let (info, baseline) = restore_locked(rt, slot, verify, started)?;
+    let (info, baseline) = restore_locked(rt, slot, verify, prefix, started)?;
     // Clean only when the tracer's baseline is the restored state itself; otherwise unknown
     // until the next checkpoint.
     if baseline {
@@ -69,20 +73,24 @@ fn restore_locked(
     rt: &Runtime,
     slot: &SandboxSlot,
     verify: bool,
+    prefix: Option<u64>,
     started: Instant,
 ) -> Result<(RestoreInfo, bool), RestoreError> {
     let rec = slot.refresh();
     let id = rec.id.clone();
     let mut t = RestoreTimings::default();
 
-    // 1. The ready checkpoint's manifests (decoded as untrusted input; verified below).
+    // 1. The chosen checkpoint's manifests (decoded as untrusted input; verified below).
     let store = CheckpointStore::open(&slot.paths.checkpoints())?;
     let corrupt = |source| RestoreError::Corrupt {
         id: id.clone(),
         source,
     };
-    let ready = store.ready().map_err(corrupt)?;
-    let manifest = match &ready {
+    let target = rewind::Target::choose(&store, &id, prefix)?;
+    // Unknown from here (a refused prefix, above, changes nothing) while the old instance is
+    // torn down and the new one built; the ready state once it is restored.
+    slot.changes.forget();
+    let manifest = match &target.chosen {
         Some(name) => Some(store.load(name).map_err(corrupt)?),
         None => None,
     };
@@ -395,14 +403,22 @@ fn restore_locked(
     };
     t.criu_restore = ms(t_criu);
 
-    // The new instance becomes the record only once that is on disk; otherwise it goes
-    // again and the sandbox stays failed (its checkpoints untouched).
-    let committed = slot.commit(|r| {
-        r.instance = n;
-        r.init_pid = Some(pid);
-        r.init_start_time = Some(start);
-        r.state = SandboxState::Running;
-        r.inherited_bytes = inherited;
+    // An earlier checkpoint becomes the ready one before the record names the new instance
+    // (`rewind`); the new instance becomes the record only once that is on disk; otherwise
+    // it goes again and the sandbox stays failed (its checkpoints untouched, the pointer
+    // back where it was).
+    let committed = target.move_pointer(&store).and_then(|()| {
+        slot.commit(|r| {
+            r.instance = n;
+            r.init_pid = Some(pid);
+            r.init_start_time = Some(start);
+            r.state = SandboxState::Running;
+            r.inherited_bytes = inherited;
+        })
+        .map_err(|e| {
+            target.undo(&store, &id);
+            RestoreError::from(e)
+        })
     });
     if let Err(e) = committed {
         rt.tracer.untrack(&id);
@@ -413,9 +429,10 @@ fn restore_locked(
         sys::try_reap(pid);
         let (paths, new) = (slot.paths.clone(), n);
         std::thread::spawn(move || retire_instance(&paths, new));
-        return Err(e.into());
+        return Err(e);
     }
     restoring.done = true;
+    let dropped_prefixes = target.drop_future(&store, &id);
     if !traced {
         rt.tracer.track(&slot.record());
     }
@@ -451,6 +468,7 @@ fn restore_locked(
         timings_ms: t,
         validity,
         inodes_kept: from_snapshot,
+        dropped_prefixes,
     };
     Ok((info, traced || manifest.is_none()))
 }

@@ -6,7 +6,10 @@
 //! pointer `READY` (a small file holding the checkpoint name) is replaced by write + fsync +
 //! rename + fsync. A crash at any point leaves the previous `READY` in effect; leftovers
 //! (`.tmp-*`, or a renamed directory whose sequence number is above the ready one) are never
-//! listed and are removed by [`CheckpointStore::discard_unpublished`].
+//! listed and are removed by [`CheckpointStore::discard_unpublished`]; the next
+//! [`CheckpointStore::begin`] removes the renamed ones too, so that its sequence number never
+//! makes them visible. A restore of an earlier checkpoint points `READY` back at it and so
+//! turns the later checkpoints into such leftovers ([`CheckpointStore::discard_after_ready`]).
 
 pub mod manifest;
 pub mod snapshot;
@@ -131,6 +134,10 @@ fn parse_seq(name: &str) -> Option<u64> {
     name.strip_prefix('c')?.split('-').next()?.parse().ok()
 }
 
+fn parse_prefix(name: &str) -> Option<u64> {
+    name.strip_prefix('c')?.split_once("-k")?.1.parse().ok()
+}
+
 /// The checkpoints of one sandbox.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
@@ -211,7 +218,16 @@ impl CheckpointStore {
     }
 
     /// Starts a new checkpoint of prefix `prefix` in a fresh staging directory.
+    ///
+    /// Published checkpoints above the ready one (a crash before their pointer moved, or
+    /// the future a restore of an earlier checkpoint left behind and could not remove) are
+    /// removed first: the new checkpoint's sequence number must not make them visible.
     pub fn begin(&self, prefix: u64) -> Result<Staging, StoreError> {
+        let names = self.published_names()?;
+        let ready_seq = self.ready()?.as_deref().and_then(parse_seq).unwrap_or(0);
+        if names.last().is_some_and(|(s, _)| *s > ready_seq) {
+            self.discard_after_ready()?;
+        }
         let seq = self.published_names()?.last().map_or(1, |(s, _)| s + 1);
         let dir = self.dir.join(format!(".tmp-{}", sys::random_hex(6)));
         fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
@@ -309,6 +325,43 @@ impl CheckpointStore {
             if stale {
                 snapshot::remove_checkpoint_dir(&e.path()).map_err(io("rmdir", &e.path()))?;
                 removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Name of the visible checkpoint (sequence ≤ the ready one) of action boundary
+    /// `prefix`, the latest one when several were taken at it; `None` when there is none.
+    pub fn visible_of_prefix(&self, prefix: u64) -> Result<Option<String>, StoreError> {
+        let Some(ready) = self.ready()? else {
+            return Ok(None);
+        };
+        let ready_seq = parse_seq(&ready).unwrap_or(0);
+        Ok(self
+            .published_names()?
+            .into_iter()
+            .filter(|(seq, name)| *seq <= ready_seq && parse_prefix(name) == Some(prefix))
+            .filter(|(_, name)| self.dir.join(name).join(MANIFEST).is_file())
+            .map(|(_, name)| name)
+            .next_back())
+    }
+
+    /// Removes the published checkpoints above the ready one (every one, when none is
+    /// ready), which no listing shows; staging directories are left alone. A crash half-way
+    /// leaves some of them (perhaps half deleted) above the ready one, still invisible, for
+    /// the next call, the next [`Self::begin`] or [`Self::discard_unpublished`].
+    /// Returns the prefixes removed, oldest first.
+    ///
+    /// Errors: a dangling ready pointer ([`StoreError::DanglingReady`]: nothing is removed,
+    /// the ready checkpoint is unknown), or the first removal that failed.
+    pub fn discard_after_ready(&self) -> Result<Vec<u64>, StoreError> {
+        let ready_seq = self.ready()?.as_deref().and_then(parse_seq).unwrap_or(0);
+        let mut removed = Vec::new();
+        for (seq, name) in self.published_names()? {
+            if seq > ready_seq {
+                let p = self.dir.join(&name);
+                snapshot::remove_checkpoint_dir(&p).map_err(io("rmdir", &p))?;
+                removed.extend(parse_prefix(&name));
             }
         }
         Ok(removed)
@@ -451,97 +504,4 @@ pub fn artifact(root: &Path, rel: &str) -> std::io::Result<Artifact> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn manifest(store: &CheckpointStore, staging: &Staging, prefix: u64) -> Manifest {
-        fs::write(staging.dir().join("context.bin"), b"ctx").unwrap();
-        fs::write(staging.dir().join(UPPER_LAYER), b"layer").unwrap();
-        let m = Manifest {
-            format: FORMAT_VERSION,
-            sandbox: "sb".into(),
-            prefix,
-            checkpoint: staging.name(),
-            seq: staging.seq(),
-            image: "img".into(),
-            instance: 0,
-            context: ContextRecord {
-                record: format!("sb/k{prefix}"),
-                artifact: artifact(staging.dir(), "context.bin").unwrap(),
-            },
-            upper: artifact(staging.dir(), UPPER_LAYER).unwrap(),
-            layer: LayerSummary::default(),
-            criu: vec![],
-            processes: vec![],
-            ns_last_pid: None,
-            own_netns: false,
-            upper_snapshot: None,
-            upper_bytes: None,
-            timings_ms: Default::default(),
-            created_unix_ms: 0,
-        };
-        fs::write(
-            staging.dir().join(MANIFEST),
-            serde_json::to_vec(&m).unwrap(),
-        )
-        .unwrap();
-        let _ = store;
-        m
-    }
-
-    #[test]
-    fn publish_then_point_then_verify() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::open(tmp.path()).unwrap();
-        assert_eq!(store.ready().unwrap(), None);
-        let mut s = store.begin(3).unwrap();
-        manifest(&store, &s, 3);
-        store.publish(&mut s).unwrap();
-        // Published but not pointed: invisible, and discarded as unpublished.
-        assert!(store.list().unwrap().is_empty());
-        let mut s2 = store.begin(3).unwrap();
-        assert_eq!(s2.seq(), 2);
-        manifest(&store, &s2, 3);
-        store.publish(&mut s2).unwrap();
-        store.set_ready(&s2.name()).unwrap();
-        assert_eq!(store.list().unwrap().len(), 2);
-        let m = store.verify(&s2.name()).unwrap();
-        assert_eq!(store.read_context(&m).unwrap(), b"ctx");
-        // Flip one byte → corrupt.
-        let p = store.path(&s2.name()).join(UPPER_LAYER);
-        fs::write(&p, b"taR").unwrap();
-        assert!(matches!(
-            store.verify(&s2.name()),
-            Err(StoreError::Corrupt { .. })
-        ));
-    }
-
-    #[test]
-    fn unpublished_leftovers_are_discarded() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::open(tmp.path()).unwrap();
-        let mut a = store.begin(1).unwrap();
-        manifest(&store, &a, 1);
-        store.publish(&mut a).unwrap();
-        store.set_ready(&a.name()).unwrap();
-        let mut b = store.begin(2).unwrap();
-        manifest(&store, &b, 2);
-        store.publish(&mut b).unwrap();
-        let staging = store.begin(3).unwrap();
-        std::mem::forget(staging); // as if the daemon died
-        assert_eq!(store.discard_unpublished().unwrap(), 2);
-        assert_eq!(store.ready().unwrap(), Some(a.name()));
-        assert_eq!(store.list().unwrap().len(), 1);
-    }
-
-    #[test]
-    fn staging_is_removed_on_drop() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::open(tmp.path()).unwrap();
-        let dir = {
-            let s = store.begin(1).unwrap();
-            s.dir().to_path_buf()
-        };
-        assert!(!dir.exists());
-    }
-}
+mod tests;

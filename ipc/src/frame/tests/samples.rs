@@ -21,6 +21,14 @@ pub(super) fn sandbox_info(id: &str) -> SandboxInfo {
             uid_map: vec![[0, 1 << 30, 65536]],
             gid_map: vec![[0, 1 << 30, 65536]],
         }),
+        limits: SandboxLimits {
+            memory_max: Some(512 << 20),
+            pids_max: Some(256),
+            cpus: Some(1.5),
+            disk_max: None,
+        },
+        env: vec![("LANG".to_owned(), "C".to_owned())],
+        workdir: Some("/work".to_owned()),
     }
 }
 
@@ -131,6 +139,7 @@ pub(super) fn all_requests() -> Vec<Request> {
             cpus: Some(1.5),
             userns: Some(crate::UsernsMode::Host),
             disk_max: Some(10 << 30),
+            workdir: Some("/srv/task".to_owned()),
         }),
         Request::ListSandboxes,
         Request::InspectSandbox {
@@ -171,6 +180,12 @@ pub(super) fn all_requests() -> Vec<Request> {
         Request::Restore {
             id: "sb-1".to_owned(),
             verify: true,
+            prefix: None,
+        },
+        Request::Restore {
+            id: "sb-1".to_owned(),
+            verify: false,
+            prefix: Some(2),
         },
         Request::ListCheckpoints {
             id: "sb-1".to_owned(),
@@ -275,6 +290,7 @@ pub(super) fn all_responses() -> Vec<Response> {
                 restored_processes: vec!["1 sh".to_owned()],
             }),
             inodes_kept: true,
+            dropped_prefixes: vec![4, 5],
         }),
         Response::Gc {
             removed: 2,

@@ -30,6 +30,14 @@ pub enum RestoreError {
         #[source]
         source: belayer_overlay::layer::BlobError,
     },
+    /// The sandbox has no ready checkpoint of the requested boundary; nothing was touched.
+    #[error("sandbox {id} has no ready checkpoint of prefix {prefix}")]
+    NoCheckpoint {
+        /// Sandbox id.
+        id: String,
+        /// The requested action boundary K.
+        prefix: u64,
+    },
     /// The verification thread panicked.
     #[error("verifying the ready checkpoint of sandbox {id} failed unexpectedly")]
     VerifierPanicked {
@@ -149,6 +157,7 @@ impl RestoreError {
                 ErrorCode::CorruptCheckpoint
             }
             RestoreError::ForeignImage { .. } => ErrorCode::PermissionDenied,
+            RestoreError::NoCheckpoint { .. } => ErrorCode::NotFound,
             RestoreError::Criu { source, .. }
                 if matches!(**source, belayer_criu::RestoreError::TimedOut { .. }) =>
             {

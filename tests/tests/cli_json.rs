@@ -1,0 +1,262 @@
+//! The `--json` shape of every `belayer` command against a real daemon (as `docs/cli.md`
+//! documents it): status, images, sandbox create (every option) / ls / inspect / rm, exec in
+//! the workdir, checkpoint and its listing, restore of a chosen prefix, gc by tag and by age,
+//! and failures (`{"error","message"}` with exit 1, or 3 when no daemon answers).
+
+use std::process::Command;
+
+use belayer_tests::{bin, busybox_rootfs, Daemon};
+use serde_json::Value;
+
+fn belayer(d: &Daemon, args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(bin("belayer"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let json = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout:?}"));
+    (
+        out.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Runs a command that must succeed.
+fn ok(d: &Daemon, args: &[&str]) -> Value {
+    let (code, v, err) = belayer(d, args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    v
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    k.sort();
+    k
+}
+
+const SANDBOX_KEYS: [&str; 14] = [
+    "cgroup",
+    "created_unix_ms",
+    "env",
+    "id",
+    "image",
+    "init_pid",
+    "instance",
+    "limits",
+    "pids",
+    "ready_prefix",
+    "state",
+    "tag",
+    "userns",
+    "workdir",
+];
+
+#[test]
+fn every_command_prints_its_documented_json() {
+    let d = Daemon::start();
+    let status = ok(&d, &["status"]);
+    assert_eq!(
+        keys(&status),
+        [
+            "cgroup",
+            "criu",
+            "protocol",
+            "sandboxes",
+            "tracer",
+            "version"
+        ]
+    );
+    assert_eq!(status["protocol"], belayer_ipc::PROTOCOL_VERSION);
+    let image = ok(
+        &d,
+        &["image", "import", "bb", busybox_rootfs().to_str().unwrap()],
+    );
+    assert_eq!(image["name"], "bb");
+    let images = ok(&d, &["image", "ls"]);
+    assert_eq!(
+        keys(&images[0]),
+        [
+            "bytes",
+            "created_unix_ms",
+            "dropped_devices",
+            "name",
+            "owner_uid",
+            "skipped_sockets"
+        ]
+    );
+
+    let created = ok(
+        &d,
+        &[
+            "sandbox",
+            "create",
+            "--image",
+            "bb",
+            "--memory-max",
+            "64M",
+            "--pids-max",
+            "32",
+            "--cpus",
+            "0.5",
+            "--disk-max",
+            "32M",
+            "--env",
+            "MODE=cli",
+            "--tag",
+            "cli-json",
+            "--userns",
+            "private",
+            "--workdir",
+            "/tmp",
+        ],
+    );
+    assert_eq!(keys(&created), SANDBOX_KEYS);
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["workdir"], "/tmp");
+    assert_eq!(
+        created["limits"],
+        serde_json::json!({
+            "memory_max": 64 << 20, "pids_max": 32, "cpus": 0.5, "disk_max": 32 << 20
+        })
+    );
+    assert_eq!(created["env"], serde_json::json!([["MODE", "cli"]]));
+    assert_eq!(created["userns"]["mode"], "private");
+    let other = ok(&d, &["sandbox", "create", "--image", "bb"])["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let listed = ok(&d, &["sandbox", "ls"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0]["id"], id.as_str(), "oldest first");
+    assert_eq!(keys(&listed[1]), SANDBOX_KEYS);
+    assert!(listed[1]["workdir"].is_null());
+    let info = ok(&d, &["sandbox", "inspect", &id]);
+    assert_eq!(keys(&info), SANDBOX_KEYS);
+    assert_eq!(
+        (info["state"].as_str(), info["tag"].as_str()),
+        (Some("running"), Some("cli-json"))
+    );
+
+    // exec runs in the workdir; its JSON carries every field of the result.
+    let (code, r, err) = belayer(&d, &["exec", &id, "--", "pwd; echo $MODE; touch f"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(r["stdout"], "/tmp\ncli\n");
+    assert_eq!(
+        keys(&r),
+        [
+            "dirty",
+            "duration_ms",
+            "exit_code",
+            "infra_fault",
+            "signal",
+            "stderr",
+            "stdout",
+            "timed_out",
+            "truncated"
+        ]
+    );
+
+    for k in 1..=3 {
+        let c = ok(&d, &["checkpoint", &id, "--prefix", &k.to_string()]);
+        assert_eq!(
+            keys(&c),
+            [
+                "bytes",
+                "checkpoint",
+                "context_digest",
+                "created_unix_ms",
+                "prefix",
+                "sandbox",
+                "timings_ms"
+            ]
+        );
+        assert_eq!(c["prefix"], k);
+    }
+    let cps = ok(&d, &["checkpoint", "ls", &id]);
+    let prefixes: Vec<u64> = cps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["prefix"].as_u64().unwrap())
+        .collect();
+    assert_eq!(prefixes, [1, 2, 3]);
+
+    let r = ok(&d, &["restore", &id, "--prefix", "2", "--verify"]);
+    assert_eq!(
+        keys(&r),
+        [
+            "context",
+            "dropped_prefixes",
+            "init_pid",
+            "inodes_kept",
+            "prefix",
+            "restarted_from_base",
+            "sandbox",
+            "timings_ms",
+            "validity"
+        ]
+    );
+    assert_eq!(r["prefix"], 2);
+    assert_eq!(r["dropped_prefixes"], serde_json::json!([3]));
+    assert_eq!(r["validity"]["fs_matches"], true);
+    assert_eq!(
+        ok(&d, &["checkpoint", "ls", &id]).as_array().unwrap().len(),
+        2
+    );
+    // Without --verify the validity is absent (null), not a failed check.
+    let r = ok(&d, &["restore", &id]);
+    assert!(r["validity"].is_null(), "{r}");
+    assert_eq!(r["dropped_prefixes"], serde_json::json!([]));
+
+    // Failures: JSON on stdout, exit 1.
+    let (code, e, _) = belayer(&d, &["restore", &id, "--prefix", "9"]);
+    assert_eq!(code, 1);
+    assert_eq!(e["error"], "NotFound");
+    assert!(e["message"].as_str().unwrap().contains("prefix 9"), "{e}");
+    let (code, e, _) = belayer(&d, &["sandbox", "inspect", "sb-unknown"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("UnknownSandbox")));
+    let (code, e, _) = belayer(&d, &["gc"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("BadRequest")));
+    let out = Command::new(bin("belayer"))
+        .args(["--socket", "/nonexistent.sock", "--json", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let e: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["error"], "Unreachable");
+
+    // gc: by tag (every checkpoint of the tagged sandbox), then by age (ready ones kept).
+    ok(&d, &["checkpoint", &other, "--prefix", "1"]);
+    ok(&d, &["checkpoint", &other, "--prefix", "2"]);
+    let gc = ok(&d, &["gc", "--tag", "cli-json"]);
+    assert_eq!(keys(&gc), ["bytes", "removed"]);
+    assert_eq!(gc["removed"], 2);
+    let gc = ok(&d, &["gc", "--older-than", "0"]);
+    assert_eq!(gc["removed"], 1);
+    assert_eq!(ok(&d, &["checkpoint", "ls", &other])[0]["prefix"], 2);
+
+    assert_eq!(
+        ok(&d, &["sandbox", "rm", &id]),
+        serde_json::json!({"ok": true})
+    );
+    assert_eq!(
+        ok(&d, &["sandbox", "rm", &other]),
+        serde_json::json!({"ok": true})
+    );
+    assert_eq!(
+        ok(&d, &["image", "rm", "bb"]),
+        serde_json::json!({"ok": true})
+    );
+}
