@@ -16,7 +16,7 @@
 //! latencies, the daemon's peak RSS and threads, and zombie children left at the end; as a
 //! table, or JSON with `--json`. Exit code 1 when anything was lost, failed or invalid.
 
-mod daemon;
+pub(crate) mod daemon;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -8,7 +8,8 @@
 //! - `load` ([`load`]): many sandboxes under host SIGKILLs and `belayerd` crashes;
 //! - `memory` ([`memory`]): memory-server attach, unmap, remap and KV flush;
 //! - `tracer` ([`tracer`]): fail-stop detection latency and the BPF overhead;
-//! - `handover` ([`handover`]): shadow-worker handover against the conventional baseline.
+//! - `handover` ([`handover`]): shadow-worker handover against the conventional baseline;
+//! - `exec` ([`exec`]): the round trip of a trivial action against plain subprocesses.
 //!
 //! The benchmarks that need a daemon use the one at `--socket`, or start an agent inside this
 //! process ([`embedded`]). `belayer bench ARGS...` runs this program.
@@ -23,6 +24,7 @@
 mod capture;
 mod checkpoint;
 mod embedded;
+mod exec;
 mod handover;
 mod load;
 mod memory;
@@ -76,6 +78,9 @@ enum BenchCmd {
     /// Load under failures: 64 sandboxes × 20 steps with a checkpoint after each, a host
     /// SIGKILL + restore every 5th step and `belayerd` killed -9 twice (its own daemon).
     Load(crate::load::LoadArgs),
+    /// Exec round trip of a trivial command (`true`): Belayer's Rust client, CLI and Python
+    /// client side by side with subprocess baselines (Rust, Python, mini-swe-agent).
+    Exec(crate::exec::ExecBenchArgs),
 }
 
 /// Median of a sample (0 when empty).
@@ -102,6 +107,7 @@ fn run(cli: Cli) -> Result<i32> {
         BenchCmd::Handover(args) => handover::run(&args, json),
         BenchCmd::Capture(args) => capture::run(socket, &args, json),
         BenchCmd::Load(args) => load::run(&args, json),
+        BenchCmd::Exec(args) => exec::run(&args, json),
     }
 }
 

@@ -171,7 +171,7 @@ class ClientTransfers:
             )
         memfd = os.memfd_create("belayer-archive", os.MFD_CLOEXEC)
         try:
-            self._call(
+            result = self._call(
                 "belayer_download_archive", _sandbox(id), _sandbox(src), memfd, _timeout(timeout_ms)
             )
             with open(memfd, "rb", closefd=False) as f:
@@ -181,7 +181,7 @@ class ClientTransfers:
             os.close(memfd)
         if out is not None:
             out.write(data)
-            return TransferResult(0, len(data), 0, 0, 0.0)
+            return result
         return data
 
 

@@ -72,6 +72,9 @@ def test_upload_and_download_round_trip(client: belayer.Client, tmp_path: Path) 
         data = sb.download_archive("/root/arc/a")
         with tarfile.open(fileobj=io.BytesIO(data)) as tf:
             assert sorted(tf.getnames()) == ["a", "a/b.txt"]
+        buf = io.BytesIO()
+        assert sb.download_archive("/root/arc/a", buf).files == 2
+        assert buf.getvalue()[:512] == data[:512]
         path = tmp_path / "arc.tar"
         with open(path, "wb") as f:
             r = sb.download_archive("/root/arc", f)

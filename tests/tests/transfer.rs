@@ -321,13 +321,16 @@ fn a_sandbox_out_of_disk_gets_a_typed_error_and_keeps_working() {
 
 /// Starts a background job in the sandbox that sends `signal` to every process whose command
 /// line is the helper's (the builtin's child is the only one the sandbox can see), and returns
-/// once it runs. The pattern is split so that the job's own command line does not match.
-fn hunt_unpackers(d: &Daemon, id: &str, signal: &str) {
+/// once it runs; with `once`, the job ends after its first hit. The pattern is split so that
+/// the job's own command line does not match.
+fn hunt_unpackers(d: &Daemon, id: &str, signal: &str, once: bool) {
+    let after = if once { "exit" } else { "true" };
     d.sh(
         id,
         &format!(
             "(while true; do for p in /proc/[0-9]*; do \
-               grep -q '__bel''ayer-helper' $p/cmdline 2>/dev/null && kill -{signal} ${{p#/proc/}}; \
+               if grep -q '__bel''ayer-helper' $p/cmdline 2>/dev/null; then \
+                 kill -{signal} ${{p#/proc/}}; {after}; fi; \
              done; done) >/dev/null 2>&1 </dev/null &"
         ),
     );
@@ -367,7 +370,7 @@ fn slow_upload(
 fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
     let (d, id) = started();
     let mut c = d.client();
-    hunt_unpackers(&d, &id, "STOP");
+    hunt_unpackers(&d, &id, "STOP", false);
     let t0 = Instant::now();
     let r = slow_upload(&mut c, &id, 3000, Duration::from_millis(1500)).unwrap();
     match r {
@@ -379,7 +382,7 @@ fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
 
     let (d, id) = started();
     let mut c = d.client();
-    hunt_unpackers(&d, &id, "KILL");
+    hunt_unpackers(&d, &id, "KILL", false);
     match slow_upload(&mut c, &id, 30_000, Duration::from_millis(1500)).unwrap() {
         Response::Error(e) => assert_eq!(e.code, ErrorCode::TransferFailed, "{}", e.message),
         other => panic!("{other:?}"),
@@ -389,6 +392,42 @@ fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
         d.inspect(&id).state == belayer_ipc::SandboxState::Running,
         "a kill by the sandbox itself is no fault"
     );
+}
+
+#[test]
+fn a_client_that_leaves_while_its_stopped_unpacker_finishes_releases_the_sandbox() {
+    let (d, id) = started();
+    hunt_unpackers(&d, &id, "STOP", true);
+    let mut c = d
+        .client()
+        .with_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    // No timeout: only the client's leaving can end the transfer. The stream is whole (the
+    // pipe holds it), the stopped unpacker never answers, the client gives up and goes.
+    let request = UploadRequest {
+        id: id.clone(),
+        dest: "/root/small".into(),
+        archive: false,
+        timeout_ms: None,
+    };
+    let r = c.upload_with(request, |sink| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path("small").unwrap();
+        h.set_size(4096);
+        h.set_mode(0o644);
+        h.set_cksum();
+        sink.write_all(h.as_bytes())?;
+        sink.flush()?;
+        std::thread::sleep(Duration::from_millis(1500));
+        sink.write_all(&[7u8; 4096])
+    });
+    assert!(r.is_err(), "{r:?}");
+    drop(c);
+    // The transfer was aborted and the verb lock released: an action runs.
+    let t0 = Instant::now();
+    assert_eq!(d.sh(&id, "echo free"), "free");
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    d.assert_alive("after a client left a stopped unpacker");
 }
 
 #[test]

@@ -35,7 +35,8 @@
 //! `tracing-subscriber` (logs), `anyhow` (the binary only), `libseccomp` (compiles the sandbox
 //! seccomp filter: rules with argument conditions to one classic-BPF program laid out as a
 //! binary tree over syscall numbers, which keeps the kernel's install cost at every exec and
-//! restored process low; links the system's libseccomp ≥ 2.5), `seccompiler` (only its
+//! restored process low; links the system's libseccomp ≥ 2.5; only `belayerd` calls it, once at
+//! start, so `belayer-helper` does not load it), `seccompiler` (only its
 //! `apply_filter`: installs an exported program without allocating, safe between `fork` and
 //! `execve`); `tar` and `tempfile` for tests only. At run time, not linked: `libnftables.so.1`
 //! (`dlopen`ed by `sandbox::net_lock` to lock a restore's network namespace; the library CRIU is

@@ -16,6 +16,9 @@ pub struct Runtime {
     pub criu: Criu,
     /// The helper binary, sealed in a memfd (see [`crate::helper::image`]).
     pub helper: crate::helper::image::HelperImage,
+    /// The sandbox seccomp filter, compiled once and sealed in a memfd for the exec helpers
+    /// (see [`crate::helper::seccomp::sealed`]).
+    pub seccomp: crate::helper::seccomp::sealed::SealedFilter,
     /// The sandbox tracer (BPF or fallback): fault detection and per-action verdicts.
     pub tracer: crate::trace::SandboxTracer,
     /// The node's upper-layer blob store (`state_dir/blobs`), shared by every checkpoint of

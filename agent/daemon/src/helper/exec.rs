@@ -215,7 +215,8 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
     drop(namespaces);
     chdir("/").map_err(|e| SyscallError::new("chdir", "/", e))?;
 
-    let filter = super::seccomp::SandboxFilter::build()?;
+    // Compiled by the daemon once, sealed in a memfd: read it, don't compile it again.
+    let filter = super::seccomp::sealed::from_helper_arg(args.one("--seccomp-fd"))?;
     // The child reports on a close-on-exec pipe: first its pid inside the sandbox (the
     // process group a timeout kills), then, only if it cannot start the action, why.
     let (report_rd, report_wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)

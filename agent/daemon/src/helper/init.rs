@@ -45,6 +45,8 @@ pub const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 
 /// Fd number of the sandbox's user namespace in the init helper.
 pub const USERNS_FD: i32 = 3;
+/// Fd number the daemon gives the sealed seccomp filter in the helper.
+pub const SECCOMP_FD: i32 = 4;
 
 /// Errors of the init helper.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +117,8 @@ fn run(args: &Args<'_>) -> Result<i32, InitError> {
             | CloneFlags::CLONE_NEWPID,
     )
     .map_err(|e| SyscallError::new("unshare", "mnt|uts|ipc|cgroup|pid", e))?;
-    let filter = super::seccomp::SandboxFilter::build()?;
+    // Compiled by the daemon once, sealed in a memfd: read it, don't compile it again.
+    let filter = super::seccomp::sealed::from_helper_arg(args.one("--seccomp-fd"))?;
     // SAFETY: this helper process is single-threaded (a fresh exec of the helper binary that
     // has started no threads), so the child may allocate and run arbitrary code after fork.
     match unsafe { fork() }.map_err(|e| SyscallError::new("fork", "sandbox init", e))? {

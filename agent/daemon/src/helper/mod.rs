@@ -18,6 +18,8 @@
 //! - `exec --builtin unpack|pack` ([`transfer`]): file transfer into and out of a sandbox, run
 //!   in process by a confined child of the sandbox instead of a shell.
 //!
+//! [`spawn`]: how the daemon starts a helper (`posix_spawn`, descriptors at fixed numbers).
+//!
 //! [`seccomp`]: the seccomp filter sandbox processes must run under ("Confinement"), for the
 //! helpers to install right before they exec sandbox code.
 
@@ -27,6 +29,7 @@ pub mod image;
 pub mod init;
 pub mod mount;
 pub mod seccomp;
+pub mod spawn;
 pub mod transfer;
 pub mod tree;
 

@@ -11,7 +11,8 @@
 //! # Use
 //!
 //! 1. [`SandboxFilter::build`] once, before forking (it allocates: libseccomp compiles the
-//!    rules to one classic-BPF program, a binary tree over syscall numbers);
+//!    rules to one classic-BPF program, a binary tree over syscall numbers); `belayerd` does
+//!    it once at start and hands the program to each helper in a sealed memfd ([`sealed`]);
 //! 2. in the forked child, after every privileged set-up step (namespaces, mounts, `setsid`,
 //!    `close_range`, dropping capabilities), immediately before `execve`:
 //!    [`SandboxFilter::install`]. It allocates nothing and takes no lock, so it is safe in the
@@ -57,6 +58,7 @@
 //! aarch64 (syscall tables from libc and the kernel); tested on x86_64.
 
 pub mod profile;
+pub mod sealed;
 
 use std::io::{Read, Seek};
 
@@ -97,6 +99,16 @@ pub enum SeccompError {
         #[source]
         source: std::io::Error,
     },
+    /// The program compiled by the daemon could not be sealed in its memfd, or an exec helper
+    /// could not read it back from there ([`sealed`]).
+    #[error("cannot pass the sandbox seccomp filter to the helper: {step}")]
+    Load {
+        /// The step that failed.
+        step: &'static str,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// `seccomp(SECCOMP_SET_MODE_FILTER)` refused the filter (`EINVAL`: a kernel without
     /// `CONFIG_SECCOMP_FILTER`; `ENOMEM`: the 32 768-instruction budget of a task's filters is
     /// spent, e.g. the filter installed many times over a deep chain).
@@ -113,7 +125,7 @@ impl SeccompError {
     /// between `fork` and `execve` that report an errno without allocating.
     pub fn raw_os_error(&self) -> Option<i32> {
         match self {
-            Self::Compile { .. } => None,
+            Self::Compile { .. } | Self::Load { .. } => None,
             Self::NoNewPrivs { source } | Self::Install { source } => source.raw_os_error(),
         }
     }
@@ -180,6 +192,32 @@ impl SandboxFilter {
         Ok(Self { program })
     }
 
+    /// The program as bytes: each instruction (`struct sock_filter`) in native byte order.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.program
+            .iter()
+            .flat_map(|i| {
+                let mut b = [0u8; 8];
+                b[..2].copy_from_slice(&i.code.to_ne_bytes());
+                b[2] = i.jt;
+                b[3] = i.jf;
+                b[4..].copy_from_slice(&i.k.to_ne_bytes());
+                b
+            })
+            .collect()
+    }
+
+    /// The program of [`Self::to_bytes`]; `None` unless `bytes` are 1 to 4096 whole
+    /// instructions (`BPF_MAXINSNS`).
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(8) || bytes.len() / 8 > 4096 {
+            return None;
+        }
+        Some(Self {
+            program: instructions(bytes),
+        })
+    }
+
     /// Number of BPF instructions of the program. The kernel refuses a program over 4096
     /// instructions (`BPF_MAXINSNS`) and a task whose filters total more than 32 768
     /// (counting 4 extra per filter).
@@ -230,7 +268,12 @@ fn export(ctx: &ScmpFilterContext) -> Result<BpfProgram, SeccompError> {
             format!("{} bytes are not whole instructions", bytes.len()).into(),
         ));
     }
-    Ok(bytes
+    Ok(instructions(&bytes))
+}
+
+/// The instructions of `bytes` (whole 8-byte `struct sock_filter`s, native byte order).
+fn instructions(bytes: &[u8]) -> BpfProgram {
+    bytes
         .chunks_exact(8)
         .map(|i| sock_filter {
             code: u16::from_ne_bytes([i[0], i[1]]),
@@ -238,7 +281,7 @@ fn export(ctx: &ScmpFilterContext) -> Result<BpfProgram, SeccompError> {
             jf: i[3],
             k: u32::from_ne_bytes([i[4], i[5], i[6], i[7]]),
         })
-        .collect())
+        .collect()
 }
 
 /// One rule: syscall number, action, conditions (all must hold; several rules of one syscall

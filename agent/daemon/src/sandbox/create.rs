@@ -14,7 +14,7 @@ use belayer_overlay::{MountOptions, OverlayMount};
 use super::instance::make_instance_dir;
 use super::{RecordError, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
 use crate::cgroup::{CgroupError, CpuMax, SandboxCgroup};
-use crate::helper::init::USERNS_FD;
+use crate::helper::init::{SECCOMP_FD, USERNS_FD};
 use crate::helper::HELPER_ARG;
 use crate::images::{valid_name, ImageError};
 use crate::runtime::Runtime;
@@ -234,11 +234,14 @@ const INIT_SETTLE_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 fn wait_init_settled(pid: i32, max: std::time::Duration) {
     let deadline = std::time::Instant::now() + max;
     let settled = || {
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .unwrap_or_default();
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
         let sleeping = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('S')))
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('S'))
+            })
             .unwrap_or(false);
         !children.trim().is_empty() && sleeping
     };
@@ -388,18 +391,36 @@ impl Instance {
             } else {
                 "host"
             });
-        if let Some(ns) = &self.userns {
-            let fd = std::os::fd::AsFd::as_fd(ns.as_ref()).as_raw_fd();
-            // SAFETY: the closure runs in the forked child before exec and only calls dup2
-            // (async-signal-safe); `fd` stays open in the parent until spawn returns.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::dup2(fd, USERNS_FD) < 0 {
+        cmd.arg("--seccomp-fd").arg(SECCOMP_FD.to_string());
+        let userns_fd = self
+            .userns
+            .as_ref()
+            .map(|ns| std::os::fd::AsFd::as_fd(ns.as_ref()).as_raw_fd());
+        let seccomp_fd = rt.seccomp.as_fd().as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec and only calls fcntl and
+        // dup2 (async-signal-safe); both fds stay open in the parent until spawn returns.
+        // Each is first copied above both targets, so no move overwrites a later source and
+        // none is a no-op that would keep close-on-exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let moves = [(userns_fd, USERNS_FD), (Some(seccomp_fd), SECCOMP_FD)];
+                let mut staged = [(-1, 0); 2];
+                for (slot, (src, target)) in staged.iter_mut().zip(moves) {
+                    if let Some(src) = src {
+                        let copy = libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 64);
+                        if copy < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        *slot = (copy, target);
+                    }
+                }
+                for (copy, target) in staged {
+                    if copy >= 0 && libc::dup2(copy, target) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
-                });
-            }
+                }
+                Ok(())
+            });
         }
         for f in self.cgroup().procs_files() {
             cmd.arg("--procs").arg(f);

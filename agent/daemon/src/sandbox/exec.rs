@@ -11,12 +11,11 @@
 //! what it reads nor grow it.
 //! Processes the action leaves in the background keep running inside the sandbox.
 
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use belayer_ipc::{ErrorCode, ExecRequest, ExecResult};
@@ -26,12 +25,15 @@ use super::{SandboxSlot, SandboxState};
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::parse_status;
 use crate::helper::init::SANDBOX_PATH;
+use crate::helper::spawn;
 use crate::helper::HELPER_ARG;
 use crate::runtime::Runtime;
 use crate::sys::{self, SyscallError};
 
 /// Fd number the status pipe gets in the helper.
 const STATUS_FD: i32 = 3;
+/// Fd number the sealed seccomp filter gets in the helper.
+const SECCOMP_FD: i32 = 4;
 
 /// Errors of an action (not the action's own failure, which is its exit code).
 #[derive(Debug, thiserror::Error)]
@@ -187,82 +189,92 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| SyscallError::io("pipe2", "exec status", e.into()))?;
 
-    let mut cmd = Command::new(rt.helper.exec_path());
-    cmd.arg(HELPER_ARG)
-        .arg("exec")
-        .arg("--userns")
-        .arg(if rec.userns.is_some() {
-            "private"
-        } else {
-            "host"
-        })
-        .arg("--pid")
-        .arg(pid.to_string())
-        .arg("--start-time")
-        .arg(start.to_string())
-        .arg("--cwd")
-        // The action's own, else the sandbox's default (`SandboxSpec::workdir`), else `/`.
-        .arg(
-            req.cwd
-                .as_deref()
-                .or(rec.spec.workdir.as_deref())
-                .unwrap_or("/"),
-        )
-        .arg("--status-fd")
-        .arg(STATUS_FD.to_string());
+    let mut cmd: Vec<OsString> = Vec::new();
+    let mut arg = |a: &dyn AsRef<OsStr>| cmd.push(a.as_ref().to_owned());
+    let userns = if rec.userns.is_some() {
+        "private"
+    } else {
+        "host"
+    };
+    arg(&rt.helper.exec_path());
+    for a in [HELPER_ARG, "exec", "--userns", userns] {
+        arg(&a);
+    }
+    arg(&"--pid");
+    arg(&pid.to_string());
+    arg(&"--start-time");
+    arg(&start.to_string());
+    arg(&"--cwd");
+    // The action's own, else the sandbox's default (`SandboxSpec::workdir`), else `/`.
+    arg(&req
+        .cwd
+        .as_deref()
+        .or(rec.spec.workdir.as_deref())
+        .unwrap_or("/"));
+    arg(&"--status-fd");
+    arg(&STATUS_FD.to_string());
+    arg(&"--seccomp-fd");
+    arg(&SECCOMP_FD.to_string());
     if stdin.is_some() {
-        cmd.arg("--stdin").arg("copy");
+        arg(&"--stdin");
+        arg(&"copy");
         if let Some(id) = owner {
-            cmd.arg("--stdin-owner").arg(id.to_string());
+            arg(&"--stdin-owner");
+            arg(&id.to_string());
         }
     }
     if let Some(t) = timeout_ms {
-        cmd.arg("--timeout-ms").arg(t.to_string());
+        arg(&"--timeout-ms");
+        arg(&t.to_string());
     }
     for f in cgroup.procs_files() {
-        cmd.arg("--procs").arg(f);
+        arg(&"--procs");
+        arg(&f);
     }
-    cmd.arg("--env").arg(format!("PATH={SANDBOX_PATH}"));
-    cmd.arg("--env").arg("HOME=/root");
+    arg(&"--env");
+    arg(&format!("PATH={SANDBOX_PATH}"));
+    arg(&"--env");
+    arg(&"HOME=/root");
     for (k, v) in rec.spec.env.iter().chain(req.env.iter()) {
-        cmd.arg("--env").arg(format!("{k}={v}"));
+        arg(&"--env");
+        arg(&format!("{k}={v}"));
     }
-    cmd.arg("--").arg(command_line(&req.argv));
+    arg(&"--");
+    arg(&command_line(&req.argv));
     let helper_err = |source| ExecError::Helper {
         id: rec.id.clone(),
         source,
     };
-    let stderr_fd = match &stderr {
-        Some(f) => f.try_clone(),
-        None => stdout.try_clone(),
+    let null = match &stdin {
+        Some(_) => None,
+        None => Some(
+            fs::File::open("/dev/null").map_err(|e| SyscallError::io("open", "/dev/null", e))?,
+        ),
     };
-    cmd.stdin(stdin.map_or_else(Stdio::null, Stdio::from))
-        .stdout(stdout.try_clone().map_err(helper_err)?)
-        .stderr(stderr_fd.map_err(helper_err)?);
-    let wr = status_wr.as_raw_fd();
-    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
-    // async-signal-safe; `wr` stays open in the parent until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(wr, STATUS_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let input = stdin.as_ref().or(null.as_ref()).map(AsFd::as_fd);
+    let stderr_fd = stderr.as_ref().unwrap_or(&stdout).as_fd();
+    let mut fds = vec![
+        (stdout.as_fd(), 1),
+        (stderr_fd, 2),
+        (status_wr.as_fd(), STATUS_FD),
+        (rt.seccomp.as_fd(), SECCOMP_FD),
+    ];
+    fds.extend(input.map(|fd| (fd, 0)));
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(helper_err)?;
+    let child = spawn::spawn(&rt.helper.exec_path(), &cmd, &fds)?;
     // The child holds what it needs; the parent's copies (the stdin memfd among them) go now,
     // not when the action ends.
-    drop(cmd);
+    drop(fds);
+    drop(null);
+    drop(stdin);
     drop(status_wr);
     let mut line = String::new();
     let read = fs::File::from(status_rd).read_to_string(&mut line);
+    let helper_pid = Some(child.id());
     let waited = child.wait();
     let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
     read.map_err(helper_err)?;
-    let helper_status = waited.map_err(helper_err)?;
-    let helper_pid = i32::try_from(child.id()).ok();
+    let helper_status = waited?;
     let (status, helper_killed) =
         action_status(&line, helper_status).map_err(|message| ExecError::Enter {
             id: rec.id.clone(),
@@ -401,7 +413,7 @@ mod tests {
     #[test]
     fn sealed_stdin_cannot_change() {
         use std::io::{Seek, Write};
-        use std::os::fd::AsFd;
+        use std::os::fd::{AsFd, AsRawFd};
         let src = sys::memfd("src").unwrap();
         std::os::unix::fs::FileExt::write_all_at(&src, b"in\0put", 0).unwrap();
         let memfd = sys::SealableMemfd::create("t").unwrap();

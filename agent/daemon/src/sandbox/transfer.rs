@@ -15,11 +15,10 @@
 //! dirty only if the tracer saw a change. An aborted transfer (the client went away or
 //! cancelled, the timeout passed) kills the helper; what it extracted before stays.
 
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use belayer_ipc::{
@@ -32,21 +31,24 @@ use super::{SandboxSlot, SandboxState};
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::ActionStatus;
 use crate::helper::transfer::{parse_status, BuiltinStatus, Outcome};
-use crate::helper::HELPER_ARG;
+use crate::helper::{spawn, HELPER_ARG};
 use crate::runtime::Runtime;
 use crate::sandbox::SandboxRecord;
 use crate::sys::SyscallError;
 
+mod pipe;
+
+use pipe::{data_pipe, feed, hung_up_first, nonblocking, ready, Fed};
+
 /// Fd numbers the status and control pipes get in the helper.
 const STATUS_FD: i32 = 3;
 const CONTROL_FD: i32 = 4;
+/// Where the helper finds the daemon's sealed seccomp program (`--seccomp-fd`).
+const SECCOMP_FD: i32 = 5;
 
 /// Longest a pipe read or write to the helper may make no progress before the transfer is
 /// stopped as stalled.
 pub const STALL: Duration = Duration::from_secs(30);
-
-/// Pipe buffer asked for between the daemon and the helper, bytes.
-const PIPE_BYTES: i32 = 1 << 20;
 
 /// Errors of a transfer.
 #[derive(Debug, thiserror::Error)]
@@ -139,7 +141,7 @@ impl TransferError {
 /// A running helper of one transfer, and what the verb needs after it.
 struct Run {
     rec: SandboxRecord,
-    child: Child,
+    child: spawn::Helper,
     status: fs::File,
     /// Dropped to abort: the helper kills its child.
     control: Option<OwnedFd>,
@@ -199,56 +201,55 @@ fn start(
     };
     let (status_rd, status_wr) = pipe("transfer status")?;
     let (control_rd, control_wr) = pipe("transfer control")?;
-    let mut cmd = Command::new(rt.helper.exec_path());
-    cmd.arg(HELPER_ARG)
-        .arg("exec")
-        .arg("--builtin")
-        .arg(kind)
-        .arg("--userns")
-        .arg(if rec.userns.is_some() {
-            "private"
-        } else {
-            "host"
-        })
-        .arg("--pid")
-        .arg(rec.init_pid.unwrap_or(0).to_string())
-        .arg("--start-time")
-        .arg(rec.init_start_time.unwrap_or(0).to_string())
-        .arg("--status-fd")
-        .arg(STATUS_FD.to_string())
-        .arg("--control-fd")
-        .arg(CONTROL_FD.to_string())
-        .arg("--archive")
-        .arg(if archive { "1" } else { "0" });
+    let userns = if rec.userns.is_some() {
+        "private"
+    } else {
+        "host"
+    };
+    let mut cmd: Vec<OsString> = Vec::new();
+    let mut arg = |a: &dyn AsRef<OsStr>| cmd.push(a.as_ref().to_owned());
+    arg(&rt.helper.exec_path());
+    for a in [HELPER_ARG, "exec", "--builtin", kind, "--userns", userns] {
+        arg(&a);
+    }
+    arg(&"--pid");
+    arg(&rec.init_pid.unwrap_or(0).to_string());
+    arg(&"--start-time");
+    arg(&rec.init_start_time.unwrap_or(0).to_string());
+    arg(&"--status-fd");
+    arg(&STATUS_FD.to_string());
+    arg(&"--control-fd");
+    arg(&CONTROL_FD.to_string());
+    arg(&"--seccomp-fd");
+    arg(&SECCOMP_FD.to_string());
+    arg(&"--archive");
+    arg(&if archive { "1" } else { "0" });
     if let Some(t) = timeout_ms {
-        cmd.arg("--timeout-ms").arg(t.to_string());
+        arg(&"--timeout-ms");
+        arg(&t.to_string());
     }
     for f in cgroup.procs_files() {
-        cmd.arg("--procs").arg(f);
+        arg(&"--procs");
+        arg(&f);
     }
-    cmd.arg("--").arg(path);
+    arg(&"--");
+    arg(&path);
+    let null = fs::File::open("/dev/null").map_err(|e| SyscallError::io("open", "/dev/null", e))?;
     let (stdin, stdout) = if kind == "unpack" {
-        (Stdio::from(data), Stdio::null())
+        (data.as_fd(), null.as_fd())
     } else {
-        (Stdio::null(), Stdio::from(data))
+        (null.as_fd(), data.as_fd())
     };
-    cmd.stdin(stdin).stdout(stdout).stderr(Stdio::null());
-    let (wr, ctl) = (status_wr.as_raw_fd(), control_rd.as_raw_fd());
-    // SAFETY: the closure runs in the forked child before exec and only calls dup2, which is
-    // async-signal-safe; both fds stay open in the parent until spawn returns.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::dup2(wr, STATUS_FD) < 0 || libc::dup2(ctl, CONTROL_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|source| TransferError::Helper {
-        id: rec.id.clone(),
-        source,
-    })?;
-    drop(cmd);
+    let fds = [
+        (stdin, 0),
+        (stdout, 1),
+        (null.as_fd(), 2),
+        (status_wr.as_fd(), STATUS_FD),
+        (control_rd.as_fd(), CONTROL_FD),
+        (rt.seccomp.as_fd(), SECCOMP_FD),
+    ];
+    let child = spawn::spawn(&rt.helper.exec_path(), &cmd, &fds)?;
+    drop((null, data, status_wr, control_rd));
     Ok(Run {
         rec,
         child,
@@ -290,17 +291,24 @@ impl Run {
         }
     }
 
-    /// Waits for the helper's status (aborting it first when `abort`), records the verdict,
-    /// and turns the status into the transfer's outcome.
+    /// Waits for the helper's status (aborting it first when `abort`, or as soon as the client
+    /// behind `peer` hangs up or cancels), records the verdict, and turns the status into the
+    /// transfer's outcome.
     fn finish(
         mut self,
         rt: &Runtime,
         slot: &SandboxSlot,
         abort: bool,
         upload: bool,
+        peer: Option<BorrowedFd<'_>>,
     ) -> Result<TransferInfo, TransferError> {
         if abort {
             self.control.take();
+        } else if let Some(peer) = peer {
+            if hung_up_first(peer, &self.status)? {
+                tracing::debug!(sandbox = %self.rec.id, "client gone while the helper finishes: aborting");
+                self.control.take();
+            }
         }
         let mut line = String::new();
         let read = self.status.read_to_string(&mut line);
@@ -312,7 +320,7 @@ impl Run {
             source,
         };
         read.map_err(helper_err)?;
-        waited.map_err(helper_err)?;
+        waited?;
         let status = parse_status(&line).map_err(|message| TransferError::Enter {
             id: id.clone(),
             message,
@@ -381,76 +389,6 @@ fn outcome(
     }
 }
 
-fn data_pipe() -> Result<(OwnedFd, OwnedFd), TransferError> {
-    let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
-        .map_err(|e| SyscallError::io("pipe2", "transfer data", e.into()))?;
-    // A bigger pipe means fewer wakeups; the default stays if the kernel refuses.
-    let _ = rustix::pipe::fcntl_setpipe_size(&wr, PIPE_BYTES as usize);
-    Ok((rd, wr))
-}
-
-fn nonblocking(fd: &OwnedFd) -> Result<(), TransferError> {
-    rustix::fs::fcntl_setfl(fd, rustix::fs::OFlags::NONBLOCK)
-        .map_err(|e| SyscallError::io("fcntl(F_SETFL)", "transfer pipe", e.into()).into())
-}
-
-/// Waits until `fd` is ready for `events` for at most `wait`; `false` when the time ran out.
-fn ready(
-    fd: &OwnedFd,
-    events: nix::poll::PollFlags,
-    wait: Duration,
-) -> Result<bool, TransferError> {
-    use nix::poll::{poll, PollFd, PollTimeout};
-    let deadline = Instant::now() + wait;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Ok(false);
-        }
-        let timeout = PollTimeout::try_from(left.as_millis().clamp(1, i32::MAX as u128) as i32)
-            .unwrap_or(PollTimeout::MAX);
-        let mut fds = [PollFd::new(fd.as_fd(), events)];
-        match poll(&mut fds, timeout) {
-            Ok(0) => continue,
-            Ok(_) => return Ok(true),
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(SyscallError::new("poll", "transfer pipe", e).into()),
-        }
-    }
-}
-
-/// How writing into the helper's pipe ended.
-enum Fed {
-    Ok,
-    /// The helper closed its end (it finished or failed): the rest is drained.
-    Closed,
-    /// No progress in time (`true`: the transfer's deadline).
-    Stalled(bool),
-}
-
-/// Writes one frame (4-byte little-endian length, then `data`) into the helper's pipe.
-fn feed(run: &Run, pipe: &OwnedFd, data: &[u8]) -> Result<Fed, TransferError> {
-    let len = (data.len() as u32).to_le_bytes();
-    for part in [&len[..], data] {
-        let mut done = 0;
-        while done < part.len() {
-            match rustix::io::write(pipe, &part[done..]) {
-                Ok(n) => done += n,
-                Err(Errno::INTR) => {}
-                Err(Errno::AGAIN) => {
-                    let (wait, by_deadline) = run.wait();
-                    if !ready(pipe, nix::poll::PollFlags::POLLOUT, wait)? {
-                        return Ok(Fed::Stalled(by_deadline));
-                    }
-                }
-                Err(Errno::PIPE) => return Ok(Fed::Closed),
-                Err(e) => return Err(SyscallError::io("write", "transfer pipe", e.into()).into()),
-            }
-        }
-    }
-    Ok(Fed::Ok)
-}
-
 /// Serves [`belayer_ipc::Request::Upload`]: answers `TransferReady`, feeds the client's chunks
 /// to the unpacking helper, and returns the outcome once the client's stream ended.
 pub fn upload(
@@ -502,7 +440,7 @@ pub fn upload(
     }
     drop(wr);
     let id = run.rec.id.clone();
-    let result = run.finish(rt, slot, stop.is_some(), true);
+    let result = run.finish(rt, slot, stop.is_some(), true, Some(link.peer_fd()));
     tracing::debug!(sandbox = %id, ok = result.is_ok(), "upload finished");
     match stop {
         Some(err) => Err(err),
@@ -519,7 +457,7 @@ fn link_failed(
     upload: bool,
 ) -> TransferError {
     let id = run.rec.id.clone();
-    let ended = run.finish(rt, slot, true, upload);
+    let ended = run.finish(rt, slot, true, upload, None);
     tracing::debug!(sandbox = %id, error = %source, helper = ?ended.err(), "transfer stopped by its link");
     match source {
         LinkError::Deadline => TransferError::TimedOut {
@@ -580,7 +518,7 @@ pub fn download(
         }
     }
     drop(rd);
-    let result = run.finish(rt, slot, stop.is_some(), false);
+    let result = run.finish(rt, slot, stop.is_some(), false, Some(link.peer_fd()));
     match stop {
         Some(err) => Err(err),
         None => result,

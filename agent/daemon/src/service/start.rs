@@ -58,6 +58,9 @@ pub enum StartError {
     /// The helper binary could not be sealed into a memfd.
     #[error(transparent)]
     Helper(#[from] crate::helper::image::HelperImageError),
+    /// The sandbox seccomp filter could not be compiled or sealed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::helper::seccomp::SeccompError),
     /// The upper-layer blob store could not be opened.
     #[error("cannot open the blob store")]
     Blobs(#[source] belayer_overlay::layer::BlobError),
@@ -138,6 +141,7 @@ impl Agent {
                 })?;
         let images = ImageStore::open(&config.state_dir)?;
         let helper = crate::helper::image::HelperImage::beside_current_exe()?;
+        let seccomp = crate::helper::seccomp::sealed::SealedFilter::compile()?;
         let contexts = ContextLogs::open(&config.state_dir, ContextLimits::from_config(&config));
         let tracer =
             crate::trace::SandboxTracer::start(config.no_bpf).map_err(StartError::Tracer)?;
@@ -171,6 +175,7 @@ impl Agent {
                 images,
                 criu,
                 helper,
+                seccomp,
                 userns: crate::userns::RangeAllocator::new(pool),
                 tracer,
                 blobs,

@@ -103,6 +103,13 @@ impl<'a> TransferLink<'a> {
         chunk_bytes(self.max_frame)
     }
 
+    /// The client's socket, for a handler that waits on something else (its helper) and
+    /// wants to notice the client hanging up meanwhile (`POLLRDHUP`). Reading or writing it
+    /// directly would break the exchange.
+    pub fn peer_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
     /// Whether the final response can still be written.
     pub(crate) fn usable(&self) -> bool {
         !self.broken
