@@ -9,7 +9,9 @@
 //! a stored blob on purpose), `libc` (signals), `serde`/`serde_json`, `tempfile`.
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod peer;
+pub mod policy;
 pub mod states;
 
 use std::path::{Path, PathBuf};

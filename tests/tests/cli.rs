@@ -2,17 +2,12 @@
 
 use std::process::Command;
 
+use belayer_tests::cli::belayer_json;
 use belayer_tests::{bin, busybox_rootfs, Daemon};
 use serde_json::Value;
 
 fn belayer(d: &Daemon, args: &[&str]) -> (i32, Value, String) {
-    let out = Command::new(bin("belayer"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
+    let out = belayer_json(d, args);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
     (

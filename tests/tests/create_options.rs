@@ -12,6 +12,16 @@ fn daemon() -> Daemon {
     d
 }
 
+/// A busybox sandbox whose workdir is `workdir`; its id.
+fn with_workdir(d: &Daemon, workdir: &str) -> String {
+    d.create_spec(SandboxSpec {
+        image: "busybox".into(),
+        workdir: Some(workdir.into()),
+        ..Default::default()
+    })
+    .id
+}
+
 fn exec_raw(d: &Daemon, id: &str, cmd: &str, cwd: Option<&str>) -> Response {
     d.call(Request::Exec(ExecRequest {
         id: id.into(),
@@ -25,13 +35,7 @@ fn exec_raw(d: &Daemon, id: &str, cmd: &str, cwd: Option<&str>) -> Response {
 #[test]
 fn the_workdir_is_the_default_cwd_and_survives_a_restore() {
     let d = daemon();
-    let id = d
-        .create_spec(SandboxSpec {
-            image: "busybox".into(),
-            workdir: Some("/srv/task".into()),
-            ..Default::default()
-        })
-        .id;
+    let id = with_workdir(&d, "/srv/task");
     assert_eq!(d.inspect(&id).workdir.as_deref(), Some("/srv/task"));
     // Not created: an action without its own cwd fails as a missing cwd does.
     match exec_raw(&d, &id, "pwd", None) {
@@ -68,13 +72,7 @@ fn the_workdir_is_the_default_cwd_and_survives_a_restore() {
 #[test]
 fn a_symlinked_workdir_resolves_inside_the_sandbox() {
     let d = daemon();
-    let id = d
-        .create_spec(SandboxSpec {
-            image: "busybox".into(),
-            workdir: Some("/w".into()),
-            ..Default::default()
-        })
-        .id;
+    let id = with_workdir(&d, "/w");
     // A hostile sandbox points its workdir at a host path: the chdir happens in the sandbox's
     // root, so the link names the sandbox's own /etc, never the host's.
     let marker = format!("/etc/belayer-host-marker-{id}");

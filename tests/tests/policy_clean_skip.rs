@@ -7,31 +7,13 @@
 //! step that makes a process started earlier run (a line into the FIFO it reads, a signal it
 //! traps), and what a restored process does after CRIU resumes it, before the next action.
 
-use belayer_ipc::{
-    DecisionReason, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request, Response,
-};
+use belayer_ipc::{DecisionReason, MaybeCheckpointResult, Request, Response};
+use belayer_tests::policy::ask_unless_clean;
 use belayer_tests::{busybox_rootfs, Daemon};
 
-/// A policy that checkpoints whenever the step is not clean: p = 0.5 and a regeneration cost
-/// far above any checkpoint's cost.
+/// A policy that checkpoints whenever the step is not clean, with L_k = `L_<prefix>`.
 fn ask(d: &Daemon, id: &str, prefix: u64) -> MaybeCheckpointResult {
-    let req = MaybeCheckpointRequest {
-        id: id.into(),
-        prefix,
-        context: format!("L_{prefix}").into_bytes(),
-        step_duration_s: 1.0,
-        regen_cost_s: Some(1000.0),
-        policy: Some(PolicySpec {
-            kind: Some("adaptive".into()),
-            failure_p: Some(0.5),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    match d.call(Request::MaybeCheckpoint(req)) {
-        Response::MaybeCheckpoint(r) => r,
-        other => panic!("maybe_checkpoint {prefix}: {other:?}\n{}", d.log_text()),
-    }
+    ask_unless_clean(d, id, prefix, format!("L_{prefix}").into_bytes())
 }
 
 fn run(d: &mut Daemon) {

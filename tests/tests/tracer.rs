@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use belayer_ipc::{InfraFaultKind, Request, Response, SandboxSpec};
+use belayer_tests::cli::belayer_json;
 use belayer_tests::{bin, busybox_rootfs, Daemon};
 use serde_json::Value;
 
@@ -259,13 +260,7 @@ fn dirtiness_fallback() {
 }
 
 fn cli(d: &Daemon, args: &[&str]) -> (i32, Value) {
-    let out = Command::new(bin("belayer"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("--json")
-        .args(args)
-        .output()
-        .unwrap();
+    let out = belayer_json(d, args);
     let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (out.status.code().unwrap_or(-1), json)
 }

@@ -5,10 +5,8 @@
 use std::fs;
 use std::path::Path;
 
-use belayer_ipc::{
-    DecisionReason, ErrorCode, MaybeCheckpointRequest, MaybeCheckpointResult, PolicySpec, Request,
-    Response, SandboxSpec, UsernsMode,
-};
+use belayer_ipc::{DecisionReason, ErrorCode, MaybeCheckpointResult, SandboxSpec, UsernsMode};
+use belayer_tests::policy::ask_unless_clean;
 use belayer_tests::{busybox_rootfs, Daemon};
 use belayer_transfer::host::{download_path, upload_path, HostError};
 
@@ -90,22 +88,7 @@ fn a_large_tree_round_trips_with_equal_digests() {
 }
 
 fn ask(d: &Daemon, id: &str, prefix: u64) -> MaybeCheckpointResult {
-    let req = MaybeCheckpointRequest {
-        id: id.into(),
-        prefix,
-        step_duration_s: 1.0,
-        regen_cost_s: Some(1000.0),
-        policy: Some(PolicySpec {
-            kind: Some("adaptive".into()),
-            failure_p: Some(0.5),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    match d.call(Request::MaybeCheckpoint(req)) {
-        Response::MaybeCheckpoint(r) => r,
-        other => panic!("maybe_checkpoint {prefix}: {other:?}\n{}", d.log_text()),
-    }
+    ask_unless_clean(d, id, prefix, Vec::new())
 }
 
 #[test]

@@ -347,6 +347,16 @@ mod tests {
         .is_err());
     }
 
+    /// The arguments of `belayer sandbox create --image py` followed by `extra`.
+    fn create(extra: &[&str]) -> CreateArgs {
+        let argv = ["belayer", "sandbox", "create", "--image", "py"];
+        let cli = Cli::try_parse_from(argv.iter().chain(extra)).unwrap();
+        match cli.command {
+            Command::Sandbox(SandboxCmd::Create(a)) => a,
+            _ => panic!("wrong command"),
+        }
+    }
+
     #[test]
     fn cli_parses() {
         use clap::CommandFactory;
@@ -366,20 +376,7 @@ mod tests {
             Command::Exec(a) => assert_eq!(a.command, vec!["ls", "-la"]),
             _ => panic!("wrong command"),
         }
-        let cli = Cli::try_parse_from([
-            "belayer",
-            "sandbox",
-            "create",
-            "--image",
-            "py",
-            "--disk-max",
-            "64M",
-        ])
-        .unwrap();
-        match cli.command {
-            Command::Sandbox(SandboxCmd::Create(a)) => assert_eq!(a.disk_max, Some(64 << 20)),
-            _ => panic!("wrong command"),
-        }
+        assert_eq!(create(&["--disk-max", "64M"]).disk_max, Some(64 << 20));
         let cli = Cli::try_parse_from(["belayer", "checkpoint", "ls", "sb-1"]).unwrap();
         assert!(matches!(
             cli.command,
@@ -404,22 +401,10 @@ mod tests {
             Command::Restore(r) => assert_eq!((r.prefix, r.verify), (Some(2), true)),
             _ => panic!("wrong command"),
         }
-        let cli = Cli::try_parse_from([
-            "belayer",
-            "sandbox",
-            "create",
-            "--image",
-            "py",
-            "--workdir",
-            "/srv",
-        ])
-        .unwrap();
-        match cli.command {
-            Command::Sandbox(SandboxCmd::Create(a)) => {
-                assert_eq!(a.workdir.as_deref(), Some("/srv"))
-            }
-            _ => panic!("wrong command"),
-        }
+        assert_eq!(
+            create(&["--workdir", "/srv"]).workdir.as_deref(),
+            Some("/srv")
+        );
         assert!(Cli::try_parse_from(["belayer", "checkpoints", "sb-1"]).is_ok());
         let cli = Cli::try_parse_from(["belayer", "bench", "capture", "--runs", "3"]).unwrap();
         match cli.command {

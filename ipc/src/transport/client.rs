@@ -244,11 +244,7 @@ impl Client {
         request: Request,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Response, ClientError> {
-        if self.broken {
-            return Err(ClientError::Broken);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.next_request_id()?;
         let result = self.exchange(id, request, fds);
         if result.is_err() {
             self.broken = true;
@@ -294,6 +290,18 @@ impl Client {
                 answer: format!("{other:?}"),
             }),
         }
+    }
+
+    /// The id for the next request.
+    ///
+    /// Errors: [`ClientError::Broken`] after an earlier failure.
+    fn next_request_id(&mut self) -> Result<u64, ClientError> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        Ok(id)
     }
 
     fn exchange(

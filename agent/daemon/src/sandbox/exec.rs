@@ -11,7 +11,6 @@
 //! what it reads nor grow it.
 //! Processes the action leaves in the background keep running inside the sandbox.
 
-use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -21,12 +20,12 @@ use std::time::Instant;
 use belayer_ipc::{ErrorCode, ExecRequest, ExecResult};
 
 use super::create::{valid_dir, valid_env, WORKDIR_MAX};
-use super::{SandboxSlot, SandboxState};
+use super::helper_cmd::{self, not_running, HelperCommand};
+use super::SandboxSlot;
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::parse_status;
 use crate::helper::init::SANDBOX_PATH;
 use crate::helper::spawn;
-use crate::helper::HELPER_ARG;
 use crate::runtime::Runtime;
 use crate::sys::{self, SyscallError};
 
@@ -129,26 +128,18 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
     let _op = slot.lock_op();
     slot.drain_outputs();
     let rec = slot.refresh();
-    if !rec.state.can_exec() || !rec.init_alive() {
-        let state = if rec.state == SandboxState::Running {
-            "failed"
-        } else {
-            rec.state.as_str()
-        };
+    if let Some(state) = not_running(&rec) {
         return Err(ExecError::NotRunning {
             id: rec.id.clone(),
             state,
         });
     }
-    let (pid, start) = (rec.init_pid.unwrap_or(0), rec.init_start_time.unwrap_or(0));
     // Both outputs travel in one response frame: keep them well inside its maximum.
     let limit = req
         .output_limit
         .unwrap_or(rt.config.output_limit_bytes)
         .min(u64::from(rt.config.max_frame_bytes) / 4);
-    let timeout_ms = req
-        .timeout_ms
-        .or_else(|| (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000));
+    let timeout_ms = helper_cmd::timeout_ms(rt, req.timeout_ms);
     let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|e| ExecError::Enter {
         id: rec.id.clone(),
         message: e.to_string(),
@@ -189,58 +180,27 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| SyscallError::io("pipe2", "exec status", e.into()))?;
 
-    let mut cmd: Vec<OsString> = Vec::new();
-    let mut arg = |a: &dyn AsRef<OsStr>| cmd.push(a.as_ref().to_owned());
-    let userns = if rec.userns.is_some() {
-        "private"
-    } else {
-        "host"
-    };
-    arg(&rt.helper.exec_path());
-    for a in [HELPER_ARG, "exec", "--userns", userns] {
-        arg(&a);
-    }
-    arg(&"--pid");
-    arg(&pid.to_string());
-    arg(&"--start-time");
-    arg(&start.to_string());
-    arg(&"--cwd");
+    let mut cmd = HelperCommand::exec(rt, &rec, STATUS_FD, SECCOMP_FD, timeout_ms, &cgroup);
     // The action's own, else the sandbox's default (`SandboxSpec::workdir`), else `/`.
-    arg(&req
-        .cwd
-        .as_deref()
-        .or(rec.spec.workdir.as_deref())
-        .unwrap_or("/"));
-    arg(&"--status-fd");
-    arg(&STATUS_FD.to_string());
-    arg(&"--seccomp-fd");
-    arg(&SECCOMP_FD.to_string());
+    cmd.flag(
+        "--cwd",
+        req.cwd
+            .as_deref()
+            .or(rec.spec.workdir.as_deref())
+            .unwrap_or("/"),
+    );
     if stdin.is_some() {
-        arg(&"--stdin");
-        arg(&"copy");
+        cmd.flag("--stdin", "copy");
         if let Some(id) = owner {
-            arg(&"--stdin-owner");
-            arg(&id.to_string());
+            cmd.flag("--stdin-owner", id.to_string());
         }
     }
-    if let Some(t) = timeout_ms {
-        arg(&"--timeout-ms");
-        arg(&t.to_string());
-    }
-    for f in cgroup.procs_files() {
-        arg(&"--procs");
-        arg(&f);
-    }
-    arg(&"--env");
-    arg(&format!("PATH={SANDBOX_PATH}"));
-    arg(&"--env");
-    arg(&"HOME=/root");
+    cmd.flag("--env", format!("PATH={SANDBOX_PATH}"));
+    cmd.flag("--env", "HOME=/root");
     for (k, v) in rec.spec.env.iter().chain(req.env.iter()) {
-        arg(&"--env");
-        arg(&format!("{k}={v}"));
+        cmd.flag("--env", format!("{k}={v}"));
     }
-    arg(&"--");
-    arg(&command_line(&req.argv));
+    let cmd = cmd.finish(command_line(&req.argv));
     let helper_err = |source| ExecError::Helper {
         id: rec.id.clone(),
         source,

@@ -20,6 +20,7 @@ pub mod checkpoint;
 pub mod create;
 pub mod exec;
 mod ghosts;
+mod helper_cmd;
 pub mod instance;
 pub mod net_lock;
 pub mod netns;

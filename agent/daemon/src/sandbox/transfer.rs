@@ -15,7 +15,6 @@
 //! dirty only if the tracer saw a change. An aborted transfer (the client went away or
 //! cancelled, the timeout passed) kills the helper; what it extracted before stays.
 
-use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -27,11 +26,12 @@ use belayer_ipc::{
 use belayer_transfer::ErrorClass;
 use rustix::io::Errno;
 
-use super::{SandboxSlot, SandboxState};
+use super::helper_cmd::{self, not_running, HelperCommand};
+use super::SandboxSlot;
 use crate::cgroup::SandboxCgroup;
 use crate::helper::exec::ActionStatus;
+use crate::helper::spawn;
 use crate::helper::transfer::{parse_status, BuiltinStatus, Outcome};
-use crate::helper::{spawn, HELPER_ARG};
 use crate::runtime::Runtime;
 use crate::sandbox::SandboxRecord;
 use crate::sys::SyscallError;
@@ -174,19 +174,13 @@ fn start(
     data: OwnedFd,
 ) -> Result<Run, TransferError> {
     let rec = slot.refresh();
-    if !rec.state.can_exec() || !rec.init_alive() {
-        let state = if rec.state == SandboxState::Running {
-            "failed"
-        } else {
-            rec.state.as_str()
-        };
+    if let Some(state) = not_running(&rec) {
         return Err(TransferError::NotRunning {
             id: rec.id.clone(),
             state,
         });
     }
-    let timeout_ms = timeout_ms
-        .or_else(|| (rt.config.exec_timeout_s > 0).then_some(rt.config.exec_timeout_s * 1000));
+    let timeout_ms = helper_cmd::timeout_ms(rt, timeout_ms);
     let cgroup = SandboxCgroup::open(&rec.cgroup).map_err(|e| TransferError::Enter {
         id: rec.id.clone(),
         message: e.to_string(),
@@ -201,39 +195,11 @@ fn start(
     };
     let (status_rd, status_wr) = pipe("transfer status")?;
     let (control_rd, control_wr) = pipe("transfer control")?;
-    let userns = if rec.userns.is_some() {
-        "private"
-    } else {
-        "host"
-    };
-    let mut cmd: Vec<OsString> = Vec::new();
-    let mut arg = |a: &dyn AsRef<OsStr>| cmd.push(a.as_ref().to_owned());
-    arg(&rt.helper.exec_path());
-    for a in [HELPER_ARG, "exec", "--builtin", kind, "--userns", userns] {
-        arg(&a);
-    }
-    arg(&"--pid");
-    arg(&rec.init_pid.unwrap_or(0).to_string());
-    arg(&"--start-time");
-    arg(&rec.init_start_time.unwrap_or(0).to_string());
-    arg(&"--status-fd");
-    arg(&STATUS_FD.to_string());
-    arg(&"--control-fd");
-    arg(&CONTROL_FD.to_string());
-    arg(&"--seccomp-fd");
-    arg(&SECCOMP_FD.to_string());
-    arg(&"--archive");
-    arg(&if archive { "1" } else { "0" });
-    if let Some(t) = timeout_ms {
-        arg(&"--timeout-ms");
-        arg(&t.to_string());
-    }
-    for f in cgroup.procs_files() {
-        arg(&"--procs");
-        arg(&f);
-    }
-    arg(&"--");
-    arg(&path);
+    let mut cmd = HelperCommand::exec(rt, &rec, STATUS_FD, SECCOMP_FD, timeout_ms, &cgroup);
+    cmd.flag("--builtin", kind);
+    cmd.flag("--control-fd", CONTROL_FD.to_string());
+    cmd.flag("--archive", if archive { "1" } else { "0" });
+    let cmd = cmd.finish(path);
     let null = fs::File::open("/dev/null").map_err(|e| SyscallError::io("open", "/dev/null", e))?;
     let (stdin, stdout) = if kind == "unpack" {
         (data.as_fd(), null.as_fd())

@@ -13,20 +13,7 @@
 #include <time.h>
 
 #include "belayer.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "clients.c:%d: check failed: %s (last error: %s)\n",      \
-                    __LINE__, #cond, belayer_last_error());                           \
-            failures++;                                                               \
-            goto out;                                                                 \
-        }                                                                             \
-    } while (0)
-
-#define OK(call) CHECK((call) == BELAYER_OK)
+#include "check.h"
 
 /* Runs `cmd` (cwd `cwd`, NULL: the sandbox's workdir); stores the status, and stdout in `buf`. */
 static int run(BelayerClient c, const char *id, const char *cmd, const char *cwd, char *buf,

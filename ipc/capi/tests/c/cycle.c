@@ -15,20 +15,7 @@
 #include <unistd.h>
 
 #include "belayer.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "cycle.c:%d: check failed: %s (last error: %s)\n",        \
-                    __LINE__, #cond, belayer_last_error());                           \
-            failures++;                                                               \
-            goto out;                                                                 \
-        }                                                                             \
-    } while (0)
-
-#define OK(call) CHECK((call) == BELAYER_OK)
+#include "check.h"
 
 static void sleep_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};

@@ -14,20 +14,7 @@
 #include <unistd.h>
 
 #include "belayer.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "transfer.c:%d: check failed: %s (last error: %s)\n",     \
-                    __LINE__, #cond, belayer_last_error());                           \
-            failures++;                                                               \
-            goto out;                                                                 \
-        }                                                                             \
-    } while (0)
-
-#define OK(call) CHECK((call) == BELAYER_OK)
+#include "check.h"
 
 static int write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");

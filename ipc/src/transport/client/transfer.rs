@@ -88,11 +88,7 @@ impl Client {
     where
         F: FnOnce(&mut UploadSink<'_>) -> io::Result<()>,
     {
-        if self.broken {
-            return Err(ClientError::Broken);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.next_request_id()?;
         self.send_frame(id, Request::Upload(request))?;
         let chunk = match self.recv_frame(id)? {
             Response::TransferReady { chunk_bytes: n } => {
@@ -186,11 +182,7 @@ impl Client {
     where
         F: FnOnce(&mut DownloadSource<'_>) -> io::Result<()>,
     {
-        if self.broken {
-            return Err(ClientError::Broken);
-        }
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.next_request_id()?;
         self.send_frame(id, Request::Download(request))?;
         let mut source = DownloadSource {
             client: self,
