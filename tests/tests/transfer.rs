@@ -292,6 +292,20 @@ fn downloads_of_hostile_trees_stay_beneath_the_host_destination() {
     assert_eq!(fs::read(canary.dir().join("new")).unwrap(), b"data\n");
     fs::remove_file(canary.dir().join("new")).unwrap();
     canary.check();
+    // The same download twice to one host path: the first brings a link to the canary's
+    // directory, the second a file the sandbox wrote. The destination's last component is
+    // never followed, so the file replaces the link; with a trailing `/` it is refused.
+    d.sh(&id, &format!("ln -s {cdir} /root/results"));
+    let results = out.path().join("results");
+    download_path(&mut c, &id, "/root/results", &results, None).unwrap();
+    assert_eq!(fs::read_link(&results).unwrap(), canary.dir());
+    d.sh(&id, "rm /root/results && echo pwned > /root/results");
+    let mut slash = results.clone().into_os_string();
+    slash.push("/");
+    assert!(download_path(&mut c, &id, "/root/results", Path::new(&slash), None).is_err());
+    download_path(&mut c, &id, "/root/results", &results, None).unwrap();
+    assert_eq!(fs::read(&results).unwrap(), b"pwned\n");
+    canary.check();
 }
 
 #[test]

@@ -7,7 +7,9 @@
 //! DST that ends in `/` must be an existing directory.
 //!
 //! Paths are resolved in one of two ways ([`Resolution`]): on the host, as the user's own paths
-//! (symlinks followed like any program the user runs); inside a sandbox, relative to the
+//! (symlinks followed like any program the user runs), except the destination's last
+//! component, which is never followed (a symlink there may come from an earlier download of a
+//! hostile sandbox: the tree replaces it); inside a sandbox, relative to the
 //! sandbox root with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`, so a symlink on the
 //! path, absolute or a `../..` chain, resolves inside the root and a `/proc` magic link is
 //! refused.
@@ -114,6 +116,9 @@ pub fn resolve_destination(
     if path.is_empty() || path.contains(&0) {
         return Err(TransferError::DestinationName { path: shown() });
     }
+    if let (Resolution::Host, Some(name)) = (how, last_component(path)) {
+        return host_destination(base, path, name, single_tree);
+    }
     match open_dir(base, path, how) {
         Ok(fd) => return Ok(Destination::Into(fd)),
         Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
@@ -134,6 +139,45 @@ pub fn resolve_destination(
             path: shown(),
             source: e.into(),
         })?;
+    Ok(Destination::Rename {
+        parent,
+        name: name.to_vec(),
+    })
+}
+
+/// [`resolve_destination`] on the host for a `path` with a last component `name`: the
+/// parent is the user's own path (symlinks followed), but `name` itself is never followed. A
+/// symlink there (say, one an earlier download of a hostile sandbox left) is not a directory
+/// to copy into: the tree replaces it (the unpacker replaces a file or link in its way, never
+/// writes through it), or with a trailing `/` or an arbitrary archive the destination is
+/// refused.
+fn host_destination(
+    base: BorrowedFd<'_>,
+    path: &[u8],
+    name: &[u8],
+    single_tree: bool,
+) -> Result<Destination, TransferError> {
+    let shown = || lossy(path);
+    let parent = open_dir(base, parent_of(path), Resolution::Host).map_err(|e| {
+        TransferError::DestinationParent {
+            path: shown(),
+            source: e.into(),
+        }
+    })?;
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat(&parent, name, flags, Mode::empty()) {
+        Ok(fd) => return Ok(Destination::Into(fd)),
+        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
+        Err(e) => {
+            return Err(TransferError::DestinationParent {
+                path: shown(),
+                source: e.into(),
+            })
+        }
+    }
+    if !single_tree || path.ends_with(b"/") {
+        return Err(TransferError::DestinationNotDirectory { path: shown() });
+    }
     Ok(Destination::Rename {
         parent,
         name: name.to_vec(),
@@ -267,6 +311,45 @@ mod tests {
         assert!(matches!(
             dest(root.path(), "/abs/x", true),
             Err(TransferError::DestinationParent { .. })
+        ));
+    }
+
+    #[test]
+    fn on_the_host_the_last_component_of_the_destination_is_never_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        symlink(elsewhere.path(), t.path().join("link")).unwrap();
+        std::fs::create_dir(t.path().join("real")).unwrap();
+        symlink(t.path().join("real"), t.path().join("via")).unwrap();
+        let host = |path: std::path::PathBuf, single| {
+            let cwd = rustix::fs::CWD;
+            resolve_destination(
+                cwd,
+                path.as_os_str().as_encoded_bytes(),
+                Resolution::Host,
+                single,
+            )
+        };
+        match host(t.path().join("link"), true) {
+            Ok(Destination::Rename { name, .. }) => assert_eq!(name, b"link"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            host(t.path().join("link/"), true),
+            Err(TransferError::DestinationNotDirectory { .. })
+        ));
+        assert!(matches!(
+            host(t.path().join("link"), false),
+            Err(TransferError::DestinationNotDirectory { .. })
+        ));
+        // Symlinks above the last component are the user's path and followed.
+        assert!(matches!(
+            host(t.path().join("via/."), true),
+            Ok(Destination::Into(_))
+        ));
+        assert!(matches!(
+            host(t.path().join("real"), true),
+            Ok(Destination::Into(_))
         ));
     }
 
