@@ -445,6 +445,44 @@ fn a_client_that_leaves_while_its_stopped_unpacker_finishes_releases_the_sandbox
 }
 
 #[test]
+fn a_stopped_unpacker_of_a_whole_small_stream_times_out_without_a_timeout() {
+    let (d, id) = started();
+    hunt_unpackers(&d, &id, "STOP", true);
+    let mut c = d
+        .client()
+        .with_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    // No timeout, and the client waits: the stall bound ends it (the stream fits in the pipe,
+    // so no write of the daemon ever stalls).
+    let request = UploadRequest {
+        id: id.clone(),
+        dest: "/root/small".into(),
+        archive: false,
+        timeout_ms: None,
+    };
+    let t0 = Instant::now();
+    let r = c.upload_with(request, |sink| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path("small").unwrap();
+        h.set_size(4096);
+        h.set_mode(0o644);
+        h.set_cksum();
+        sink.write_all(h.as_bytes())?;
+        sink.flush()?;
+        std::thread::sleep(Duration::from_millis(1500));
+        sink.write_all(&[7u8; 4096])
+    });
+    match r {
+        Ok(Response::Error(e)) => assert_eq!(e.code, ErrorCode::TransferTimedOut, "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+    // The daemon's stall bound (`sandbox::transfer::STALL`) is 30 s.
+    assert!(t0.elapsed() < Duration::from_secs(45), "{:?}", t0.elapsed());
+    assert_eq!(d.sh(&id, "echo free"), "free");
+    d.assert_alive("after a stopped unpacker of a small stream");
+}
+
+#[test]
 fn a_client_that_cancels_or_vanishes_mid_upload_leaves_the_daemon_serving() {
     let (d, id) = started();
     let mut c = d.client();

@@ -227,7 +227,6 @@ impl TransferError {
             | OutsideTree { .. }
             | HardLinkTarget { .. }
             | EmptySymlink { .. }
-            | Parent { .. }
             | DirectoryInTheWay { .. }
             | DestinationName { .. }
             | SourceName { .. }
@@ -245,9 +244,12 @@ impl TransferError {
             ReadArchive { source } if source.kind() == io::ErrorKind::UnexpectedEof => {
                 ErrorClass::Aborted
             }
-            Create { source, .. } | Walk { source, .. } if is_no_space(source) => {
+            Create { source, .. } | Walk { source, .. } | Parent { source, .. }
+                if is_no_space(source) =>
+            {
                 ErrorClass::NoSpace
             }
+            Parent { .. } => ErrorClass::Refused,
             ReadArchive { .. } | WriteArchive { .. } | Create { .. } | Walk { .. } => {
                 ErrorClass::Io
             }

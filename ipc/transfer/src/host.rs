@@ -17,7 +17,10 @@ use belayer_ipc::{
     Client, ClientError, DownloadRequest, ErrorReply, Response, TransferInfo, UploadRequest,
 };
 
-use crate::{pack, resolve_destination, resolve_source, unpack, Resolution, TransferError};
+use crate::name::last_component;
+use crate::{
+    pack, resolve_destination, resolve_source, unpack, unpack_tree, Resolution, TransferError,
+};
 
 /// Why a host transfer failed.
 #[derive(Debug, thiserror::Error)]
@@ -137,10 +140,15 @@ pub fn download_path(
         src: src.to_owned(),
         timeout_ms,
     };
+    // The packer names the tree after the source's last component: nothing else may come.
+    let top = last_component(src.as_bytes()).map(<[u8]>::to_vec);
     let response = client.download_with(request, |stream| {
-        unpack(stream, &destination, true)
-            .map(drop)
-            .map_err(io::Error::other)
+        match &top {
+            Some(top) => unpack_tree(stream, &destination, top),
+            None => unpack(stream, &destination, true),
+        }
+        .map(drop)
+        .map_err(io::Error::other)
     })?;
     outcome(response)
 }

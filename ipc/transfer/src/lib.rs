@@ -34,7 +34,7 @@ mod unpack;
 pub use error::{ErrorClass, TransferError};
 pub use pack::{pack, MAX_DEPTH};
 pub use place::{resolve_destination, resolve_source, Destination, Resolution, Source};
-pub use unpack::unpack;
+pub use unpack::{unpack, unpack_tree};
 
 /// What a pack or an unpack did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

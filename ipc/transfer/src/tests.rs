@@ -352,3 +352,18 @@ fn a_file_that_shrinks_or_grows_while_packed_keeps_the_stream_well_formed() {
     assert_eq!(data.len(), 10_000);
     assert!(data[..100].iter().all(|b| *b == 1) && data[100..].iter().all(|b| *b == 0));
 }
+
+#[test]
+fn a_download_stream_may_only_hold_the_requested_tree() {
+    // A forged stream for the source `out` whose member is the neighbour `canary` of an
+    // existing destination directory is refused; the neighbour stays.
+    let out = tempfile::tempdir().unwrap();
+    fs::write(out.path().join("canary"), b"untouched").unwrap();
+    let tar = archive(&[("canary", EntryType::Regular, "PWNED", "")]);
+    let err = crate::unpack_tree(&tar[..], &into(out.path()), b"out").unwrap_err();
+    assert!(matches!(err, TransferError::OutsideTree { .. }), "{err:?}");
+    assert_eq!(fs::read(out.path().join("canary")).unwrap(), b"untouched");
+    let tar = archive(&[("out", EntryType::Regular, "data", "")]);
+    crate::unpack_tree(&tar[..], &into(out.path()), b"out").unwrap();
+    assert_eq!(fs::read(out.path().join("out")).unwrap(), b"data");
+}

@@ -61,6 +61,29 @@ pub fn unpack<R: Read>(
     dest: &Destination,
     single_tree: bool,
 ) -> Result<Summary, TransferError> {
+    unpack_with_top(archive, dest, single_tree, None)
+}
+
+/// [`unpack`] of a single tree whose top-level name must be `top` (a download of the source
+/// `…/top`): a member under any other top-level name is refused with
+/// [`TransferError::OutsideTree`], so a forged stream cannot replace a neighbour of the
+/// requested tree in an existing destination directory.
+///
+/// Errors: as [`unpack`].
+pub fn unpack_tree<R: Read>(
+    archive: R,
+    dest: &Destination,
+    top: &[u8],
+) -> Result<Summary, TransferError> {
+    unpack_with_top(archive, dest, true, Some(top.to_vec()))
+}
+
+fn unpack_with_top<R: Read>(
+    archive: R,
+    dest: &Destination,
+    single_tree: bool,
+    top: Option<Vec<u8>>,
+) -> Result<Summary, TransferError> {
     let root = dest
         .dir()
         .try_clone_to_owned()
@@ -73,7 +96,7 @@ pub fn unpack<R: Read>(
         root: Rc::new(root),
         rename: dest.rename().map(<[u8]>::to_vec),
         single: single_tree || dest.rename().is_some(),
-        top: None,
+        top,
         files: HashSet::new(),
         dirs: Vec::new(),
         chain: Vec::new(),

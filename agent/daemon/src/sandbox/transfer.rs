@@ -38,7 +38,7 @@ use crate::sys::SyscallError;
 
 mod pipe;
 
-use pipe::{data_pipe, feed, hung_up_first, nonblocking, ready, Fed};
+use pipe::{data_pipe, feed, hung_up_first, nonblocking, ready, Fed, Finished};
 
 /// Fd numbers the status and control pipes get in the helper.
 const STATUS_FD: i32 = 3;
@@ -268,12 +268,25 @@ impl Run {
         upload: bool,
         peer: Option<BorrowedFd<'_>>,
     ) -> Result<TransferInfo, TransferError> {
+        let mut late = None;
         if abort {
             self.control.take();
         } else if let Some(peer) = peer {
-            if hung_up_first(peer, &self.status)? {
-                tracing::debug!(sandbox = %self.rec.id, "client gone while the helper finishes: aborting");
-                self.control.take();
+            // The stream is in: what is left is at most a pipe's worth of data and the
+            // directories' metadata. A helper the sandbox stopped must not hold the sandbox
+            // (and this connection) past the stall bound or the deadline.
+            let (wait, by_deadline) = self.wait();
+            match hung_up_first(peer, &self.status, wait)? {
+                Finished::Status => {}
+                Finished::Peer => {
+                    tracing::debug!(sandbox = %self.rec.id, "client gone while the helper finishes: aborting");
+                    self.control.take();
+                }
+                Finished::TimedOut => {
+                    tracing::debug!(sandbox = %self.rec.id, "the helper did not finish in time: aborting");
+                    late = Some(self.timed_out(by_deadline));
+                    self.control.take();
+                }
             }
         }
         let mut line = String::new();
@@ -307,6 +320,9 @@ impl Run {
         // An upload changed the sandbox even if it failed half-way.
         let dirty = if upload { Some(true) } else { verdict.dirty };
         slot.changes.end_action(self.before, dirty);
+        if let Some(err) = late {
+            return Err(err);
+        }
         let status = status?;
         let duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
         outcome(&id, status, duration_ms, self.timeout_ms)

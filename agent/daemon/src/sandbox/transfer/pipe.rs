@@ -14,30 +14,48 @@ use crate::sys::SyscallError;
 /// Pipe buffer asked for between the daemon and the helper, bytes.
 const PIPE_BYTES: usize = 1 << 20;
 
-/// Waits until `status` is readable (the helper's status line, or its end) or the client
-/// behind `peer` hangs up or sends anything (a well-behaved one sends nothing but a
-/// `TransferCancel` while it waits for the answer: both abort); returns whether the client
-/// came first. (`POLLIN`, not `POLLRDHUP`: `nix` reports no `revents` for the latter.)
+/// What [`hung_up_first`] saw first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Finished {
+    /// The helper's status line (or its end) is readable.
+    Status,
+    /// The client hung up or sent something.
+    Peer,
+    /// Neither within the wait.
+    TimedOut,
+}
+
+/// Waits at most `wait` until `status` is readable (the helper's status line, or its end) or
+/// the client behind `peer` hangs up or sends anything (a well-behaved one sends nothing but a
+/// `TransferCancel` while it waits for the answer: both abort). (`POLLIN`, not `POLLRDHUP`:
+/// `nix` reports no `revents` for the latter.)
 pub(super) fn hung_up_first(
     peer: BorrowedFd<'_>,
     status: &fs::File,
-) -> Result<bool, TransferError> {
+    wait: std::time::Duration,
+) -> Result<Finished, TransferError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + wait;
     loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
         let mut fds = [
             PollFd::new(status.as_fd(), PollFlags::POLLIN),
             PollFd::new(peer, PollFlags::POLLIN),
         ];
-        match poll(&mut fds, PollTimeout::NONE) {
+        match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(SyscallError::new("poll", "transfer status", e).into()),
         }
         if fds[0].revents().is_some_and(|r| !r.is_empty()) {
-            return Ok(false);
+            return Ok(Finished::Status);
         }
         if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-            return Ok(true);
+            return Ok(Finished::Peer);
+        }
+        if left.is_zero() {
+            return Ok(Finished::TimedOut);
         }
     }
 }
