@@ -128,6 +128,11 @@ def test_task_resources_become_sandbox_limits(harbor_daemon, tmp_path: Path) -> 
             info = await env._backend.info()
             assert (info.cpus, info.memory_max, info.disk_max, info.pids_max) == (
                 1.5, 768 << 20, 2048 << 20, 200)
+            # No internet inside, as declared: the network namespace has only `lo`.
+            assert env.capabilities.disable_internet
+            r = await env.exec("cat /proc/net/dev")
+            names = [ln.split(":")[0].strip() for ln in r.stdout.splitlines()[2:]]
+            assert names == ["lo"], r.stdout
             assert env._record["limits"] == {"cpus": 1.5, "memory_max": 768 << 20,
                                              "disk_max": 2048 << 20, "pids_max": 200}
         finally:

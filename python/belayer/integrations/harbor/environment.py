@@ -147,9 +147,9 @@ class BelayerEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        # The sandbox shares the host's network namespace, mounts nothing from the host and
-        # has no GPUs: no capability beyond the defaults.
-        return EnvironmentCapabilities()
+        # The sandbox's network namespace is its own with only `lo` (never internet access),
+        # it mounts nothing from the host and has no GPUs.
+        return EnvironmentCapabilities(disable_internet=True)
 
     @classmethod
     def resource_capabilities(cls) -> EnvironmentResourceCapabilities:
