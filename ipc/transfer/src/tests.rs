@@ -367,3 +367,39 @@ fn a_download_stream_may_only_hold_the_requested_tree() {
     crate::unpack_tree(&tar[..], &into(out.path()), b"out").unwrap();
     assert_eq!(fs::read(out.path().join("out")).unwrap(), b"data");
 }
+
+#[test]
+fn runs_of_zeros_are_extracted_as_holes() {
+    // 16 MiB of zeros, then a byte: the file reads back the same and takes (almost) no space.
+    let mut data = vec![0u8; 16 << 20];
+    data.push(7);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "sparse", &data[..]).unwrap();
+    let tar = b.into_inner().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    unpack(&tar[..], &into(out.path()), false).unwrap();
+    let got = out.path().join("sparse");
+    assert_eq!(fs::read(&got).unwrap(), data);
+    let st = rustix::fs::stat(&got).unwrap();
+    assert!(
+        (st.st_blocks as u64) * 512 < 1 << 20,
+        "{} blocks",
+        st.st_blocks
+    );
+    // All zeros to the end: the length comes from the truncate.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(1 << 20);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "zeros", &vec![0u8; 1 << 20][..])
+        .unwrap();
+    let tar = b.into_inner().unwrap();
+    unpack(&tar[..], &into(out.path()), false).unwrap();
+    assert_eq!(
+        fs::metadata(out.path().join("zeros")).unwrap().len(),
+        1 << 20
+    );
+}

@@ -24,7 +24,7 @@
 //! - A regular member gets exactly the bytes its header announces (the tar reader bounds it).
 
 use std::collections::HashSet;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
 
@@ -300,6 +300,10 @@ impl Unpacker {
                     )
                 })?;
                 let mut file = std::fs::File::from(fd);
+                // Runs of zeros become holes: a sparse file of the source (a terabyte that
+                // costs its sandbox nothing) takes no more space here than it took there.
+                let mut written = 0u64;
+                let mut hole = false;
                 loop {
                     let n = match entry.read(&mut self.buf) {
                         Ok(0) => break,
@@ -307,9 +311,22 @@ impl Unpacker {
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                         Err(source) => return Err(TransferError::ReadArchive { source }),
                     };
-                    file.write_all(&self.buf[..n])
-                        .map_err(|e| create_error(&member, "write", e))?;
+                    let chunk = &self.buf[..n];
+                    if chunk.iter().all(|b| *b == 0) {
+                        file.seek(std::io::SeekFrom::Current(n as i64))
+                            .map_err(|e| create_error(&member, "lseek", e))?;
+                        hole = true;
+                    } else {
+                        file.write_all(chunk)
+                            .map_err(|e| create_error(&member, "write", e))?;
+                        hole = false;
+                    }
+                    written += n as u64;
                     self.summary.bytes += n as u64;
+                }
+                if hole {
+                    file.set_len(written)
+                        .map_err(|e| create_error(&member, "ftruncate", e))?;
                 }
                 rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))
                     .map_err(|e| create_error(&member, "fchmod", e))?;
