@@ -116,68 +116,40 @@ pub fn resolve_destination(
     if path.is_empty() || path.contains(&0) {
         return Err(TransferError::DestinationName { path: shown() });
     }
-    if let (Resolution::Host, Some(name)) = (how, last_component(path)) {
-        return host_destination(base, path, name, single_tree);
-    }
-    match open_dir(base, path, how) {
+    let parent_error = |e: Errno| TransferError::DestinationParent {
+        path: shown(),
+        source: e.into(),
+    };
+    // On the host the last component is never followed: a symlink there (say, one an earlier
+    // download of a hostile sandbox left) is not a directory to copy into, so the tree
+    // replaces it (the unpacker replaces a file or link in its way, never writes through it),
+    // or with a trailing `/` or an arbitrary archive the destination is refused. The parent
+    // is the user's own path.
+    let mut host_parent = None;
+    let opened = match (how, last_component(path)) {
+        (Resolution::Host, Some(name)) => {
+            let parent = open_dir(base, parent_of(path), how).map_err(parent_error)?;
+            let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let opened = rustix::fs::openat(&parent, name, flags, Mode::empty());
+            host_parent = Some(parent);
+            opened
+        }
+        _ => open_dir(base, path, how),
+    };
+    match opened {
         Ok(fd) => return Ok(Destination::Into(fd)),
         Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
-        Err(e) => {
-            return Err(TransferError::DestinationParent {
-                path: shown(),
-                source: e.into(),
-            })
-        }
+        Err(e) => return Err(parent_error(e)),
     }
     if !single_tree || path.ends_with(b"/") {
         return Err(TransferError::DestinationNotDirectory { path: shown() });
     }
     let name =
         last_component(path).ok_or_else(|| TransferError::DestinationName { path: shown() })?;
-    let parent =
-        open_dir(base, parent_of(path), how).map_err(|e| TransferError::DestinationParent {
-            path: shown(),
-            source: e.into(),
-        })?;
-    Ok(Destination::Rename {
-        parent,
-        name: name.to_vec(),
-    })
-}
-
-/// [`resolve_destination`] on the host for a `path` with a last component `name`: the
-/// parent is the user's own path (symlinks followed), but `name` itself is never followed. A
-/// symlink there (say, one an earlier download of a hostile sandbox left) is not a directory
-/// to copy into: the tree replaces it (the unpacker replaces a file or link in its way, never
-/// writes through it), or with a trailing `/` or an arbitrary archive the destination is
-/// refused.
-fn host_destination(
-    base: BorrowedFd<'_>,
-    path: &[u8],
-    name: &[u8],
-    single_tree: bool,
-) -> Result<Destination, TransferError> {
-    let shown = || lossy(path);
-    let parent = open_dir(base, parent_of(path), Resolution::Host).map_err(|e| {
-        TransferError::DestinationParent {
-            path: shown(),
-            source: e.into(),
-        }
-    })?;
-    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    match rustix::fs::openat(&parent, name, flags, Mode::empty()) {
-        Ok(fd) => return Ok(Destination::Into(fd)),
-        Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
-        Err(e) => {
-            return Err(TransferError::DestinationParent {
-                path: shown(),
-                source: e.into(),
-            })
-        }
-    }
-    if !single_tree || path.ends_with(b"/") {
-        return Err(TransferError::DestinationNotDirectory { path: shown() });
-    }
+    let parent = match host_parent {
+        Some(parent) => parent,
+        None => open_dir(base, parent_of(path), how).map_err(parent_error)?,
+    };
     Ok(Destination::Rename {
         parent,
         name: name.to_vec(),
