@@ -408,6 +408,28 @@ fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
     );
 }
 
+/// Uploads, without a timeout, a 4 KiB file whose header comes 1.5 s before its data: the
+/// whole stream fits in the daemon's pipe.
+fn small_stalled_upload(c: &mut Client, id: &str) -> Result<Response, ClientError> {
+    let request = UploadRequest {
+        id: id.to_owned(),
+        dest: "/root/small".into(),
+        archive: false,
+        timeout_ms: None,
+    };
+    c.upload_with(request, |sink| {
+        let mut h = tar::Header::new_gnu();
+        h.set_path("small").unwrap();
+        h.set_size(4096);
+        h.set_mode(0o644);
+        h.set_cksum();
+        sink.write_all(h.as_bytes())?;
+        sink.flush()?;
+        std::thread::sleep(Duration::from_millis(1500));
+        sink.write_all(&[7u8; 4096])
+    })
+}
+
 #[test]
 fn a_client_that_leaves_while_its_stopped_unpacker_finishes_releases_the_sandbox() {
     let (d, id) = started();
@@ -418,23 +440,7 @@ fn a_client_that_leaves_while_its_stopped_unpacker_finishes_releases_the_sandbox
         .unwrap();
     // No timeout: only the client's leaving can end the transfer. The stream is whole (the
     // pipe holds it), the stopped unpacker never answers, the client gives up and goes.
-    let request = UploadRequest {
-        id: id.clone(),
-        dest: "/root/small".into(),
-        archive: false,
-        timeout_ms: None,
-    };
-    let r = c.upload_with(request, |sink| {
-        let mut h = tar::Header::new_gnu();
-        h.set_path("small").unwrap();
-        h.set_size(4096);
-        h.set_mode(0o644);
-        h.set_cksum();
-        sink.write_all(h.as_bytes())?;
-        sink.flush()?;
-        std::thread::sleep(Duration::from_millis(1500));
-        sink.write_all(&[7u8; 4096])
-    });
+    let r = small_stalled_upload(&mut c, &id);
     assert!(r.is_err(), "{r:?}");
     drop(c);
     // The transfer was aborted and the verb lock released: an action runs.
@@ -454,24 +460,8 @@ fn a_stopped_unpacker_of_a_whole_small_stream_times_out_without_a_timeout() {
         .unwrap();
     // No timeout, and the client waits: the stall bound ends it (the stream fits in the pipe,
     // so no write of the daemon ever stalls).
-    let request = UploadRequest {
-        id: id.clone(),
-        dest: "/root/small".into(),
-        archive: false,
-        timeout_ms: None,
-    };
     let t0 = Instant::now();
-    let r = c.upload_with(request, |sink| {
-        let mut h = tar::Header::new_gnu();
-        h.set_path("small").unwrap();
-        h.set_size(4096);
-        h.set_mode(0o644);
-        h.set_cksum();
-        sink.write_all(h.as_bytes())?;
-        sink.flush()?;
-        std::thread::sleep(Duration::from_millis(1500));
-        sink.write_all(&[7u8; 4096])
-    });
+    let r = small_stalled_upload(&mut c, &id);
     match r {
         Ok(Response::Error(e)) => assert_eq!(e.code, ErrorCode::TransferTimedOut, "{}", e.message),
         other => panic!("{other:?}"),
