@@ -66,6 +66,9 @@ apt_packages=(
   libseccomp-dev
   # mkfs.btrfs for the state file system and the quota tests' images (belayerd itself uses ioctls)
   btrfs-progs
+  # OCI image tests and the image benchmark: a real registry on loopback, images built with
+  # umoci and pushed with skopeo, htpasswd (bcrypt) for the registry's basic auth
+  docker-registry skopeo umoci apache2-utils
 )
 
 install_packages() {

@@ -77,9 +77,11 @@
 #![warn(missing_docs)]
 
 pub mod frame;
+pub mod image;
 pub mod memory;
 pub mod message;
 pub mod names;
+pub mod oci_source;
 pub mod policy;
 pub mod rollout;
 pub mod sandbox;
@@ -91,6 +93,10 @@ pub use frame::{
     decode_frame, encode_frame, read_frame, read_raw_frame, recv_event, send_event, write_frame,
     FrameError, Header, Kind, Message, RawFrame, DEFAULT_MAX_FRAME, HEADER_LEN, MAGIC,
     PROTOCOL_VERSION,
+};
+pub use image::{
+    valid_image_name, BlobRange, ImageConfig, LayerInfo, OciImportRequest, PullRequest,
+    RegistryCredentials,
 };
 pub use message::{
     CheckpointInfo, CheckpointRequest, CheckpointTimings, ContextEntry, DecisionInfo, Envelope,

@@ -168,6 +168,15 @@ pub enum Request {
     /// [`Response::DownloadChunk`] frames, then [`Response::Transferred`] or an error (an
     /// error before any chunk when the transfer cannot start). Since protocol 9.
     Download(DownloadRequest),
+    /// Pull an image from an OCI distribution registry: its layers go into the node's layer
+    /// store (each stored once, by digest, shared by every image that has it) and the image
+    /// is published under its name only once every layer is unpacked and verified. Answered
+    /// by [`Response::Image`]. Since protocol 10.
+    PullImage(PullRequest),
+    /// Import an OCI image whose blobs ride on this frame as descriptors the client opened
+    /// ([`OciImportRequest::layers`] index them): an `oci:DIR[:TAG]` layout or a
+    /// `docker-archive:FILE`. Answered by [`Response::Image`]. Since protocol 10.
+    ImportOci(OciImportRequest),
 }
 
 /// Everything `belayerd` answers.
@@ -474,24 +483,6 @@ pub struct RestoreValidity {
     pub restored_processes: Vec<String>,
 }
 
-/// An imported image.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ImageInfo {
-    /// Image name.
-    pub name: String,
-    /// Bytes of the rootfs.
-    pub bytes: u64,
-    /// Import time, milliseconds since the Unix epoch.
-    pub created_unix_ms: u64,
-    /// Uid of the peer that imported it (only it and root may remove it).
-    pub owner_uid: u32,
-    /// Device nodes under the source's top-level `/dev` left out at import (every sandbox
-    /// mounts its own `/dev`; device nodes anywhere else are refused).
-    pub dropped_devices: u64,
-    /// Unix sockets of a source directory left out at import (a tar cannot hold them).
-    pub skipped_sockets: u64,
-}
-
 /// Daemon status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusInfo {
@@ -559,6 +550,20 @@ pub enum ErrorCode {
     /// A file transfer ran past its timeout and was stopped (what was extracted so far
     /// stays). Since protocol 9.
     TransferTimedOut,
+    /// A registry could not be reached (connection refused, name unknown, timeout, TLS);
+    /// the message names the reference. Since protocol 10.
+    RegistryUnreachable,
+    /// A registry refused the credentials (or asked for some and got none); the message
+    /// names the reference. Since protocol 10.
+    RegistryDenied,
+    /// An image's content failed verification or was refused: a blob whose digest does not
+    /// match, a truncated blob, a manifest naming a missing blob, a hostile layer (a `..`
+    /// member, a write through a symlink, a device node). Nothing of it was kept. Since
+    /// protocol 10.
+    CorruptImage,
+    /// A restore was refused: the sandbox's image now has another digest than the one its
+    /// checkpoints were taken on. Since protocol 10.
+    ImageChanged,
 }
 
 /// Where an upload goes (`docker cp` semantics): when `dest` is an existing directory of the
@@ -625,4 +630,8 @@ pub use crate::rollout::{
     MAX_RESPONSE_SAMPLES,
 };
 
+pub use crate::image::{
+    BlobRange, ImageConfig, ImageInfo, LayerInfo, OciImportRequest, PullRequest,
+    RegistryCredentials,
+};
 pub use crate::sandbox::{SandboxInfo, SandboxLimits, SandboxSpec, UsernsInfo, UsernsMode};

@@ -37,6 +37,12 @@ pub struct SandboxSpec {
     /// state files written before.
     #[serde(default)]
     pub workdir: Option<String>,
+    /// User every action runs as inside the sandbox: `uid` or `uid:gid` (numbers, resolved by
+    /// nobody: the ids are used as given). `None`: the image's configured user
+    /// ([`crate::ImageConfig::user_ids`]), else root. Since protocol 10; absent from state files
+    /// written before.
+    #[serde(default)]
+    pub user: Option<String>,
 }
 
 /// Which user namespace a sandbox runs in.
@@ -105,6 +111,12 @@ pub struct SandboxInfo {
     /// Default working directory of actions ([`SandboxSpec::workdir`]); `None`: `/`. Since
     /// protocol 9.
     pub workdir: Option<String>,
+    /// `(uid, gid)` actions run as inside the sandbox (from the spec's `user`, else the
+    /// image's config); `None`: root. Since protocol 10.
+    pub user: Option<(u32, u32)>,
+    /// Digest of the image the sandbox was created on ([`crate::ImageInfo::digest`]). Since
+    /// protocol 10.
+    pub image_digest: Option<String>,
 }
 
 /// The resource limits of a sandbox ([`SandboxInfo::limits`]); `None`: unlimited.

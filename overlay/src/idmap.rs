@@ -61,31 +61,12 @@ impl IdmappedTree {
                 | OpenTreeFlags::AT_RECURSIVE,
         )
         .call("open_tree")?;
-        let attr = MountAttr {
-            attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: userns.as_raw_fd() as u64,
-        };
-        // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes from `&attr`, a live
-        // `repr(C)` value laid out as the kernel's `struct mount_attr` (four u64 fields); the
-        // path is a NUL-terminated empty string and `fd` is an open mount fd we own.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                AT_EMPTY_PATH | AT_RECURSIVE,
-                &attr as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            )
-        };
-        if rc < 0 {
-            return Err(SyscallError::new(
-                "mount_setattr(MOUNT_ATTR_IDMAP)",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        set_mount_attrs(
+            fd.as_fd(),
+            MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
+            Some(userns),
+            "mount_setattr(MOUNT_ATTR_IDMAP)",
+        )?;
         Ok(IdmappedTree {
             fd,
             source: source.to_path_buf(),
@@ -141,4 +122,58 @@ impl Drop for AttachedTree {
         }
         let _ = std::fs::remove_dir(&self.target);
     }
+}
+
+/// Clones the mount at `source` (alone: mounts below it are not part of the clone),
+/// detached, and makes it read-only, `nodev` and `nosuid` before anything can reach it;
+/// attach it with `move_mount`. Errors: `open_tree`, `mount_setattr`.
+pub(crate) fn read_only_clone(source: &Path) -> Result<OwnedFd, SyscallError> {
+    let fd = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        source,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .call("open_tree")?;
+    set_mount_attrs(
+        fd.as_fd(),
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
+        None,
+        "mount_setattr(MOUNT_ATTR_RDONLY)",
+    )?;
+    Ok(fd)
+}
+
+/// `mount_setattr(fd, "", AT_EMPTY_PATH | AT_RECURSIVE)` setting `attr_set` (with the id
+/// map of `userns` for `MOUNT_ATTR_IDMAP`); `call` names the step in errors.
+fn set_mount_attrs(
+    fd: BorrowedFd<'_>,
+    attr_set: u64,
+    userns: Option<BorrowedFd<'_>>,
+    call: &'static str,
+) -> Result<(), SyscallError> {
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        // Read by the kernel only with MOUNT_ATTR_IDMAP.
+        userns_fd: userns.map_or(0, |fd| fd.as_raw_fd() as u64),
+    };
+    // SAFETY: mount_setattr reads `size_of::<MountAttr>()` bytes from `&attr`, a live
+    // `repr(C)` value laid out as the kernel's `struct mount_attr` (four u64 fields); the
+    // path is a NUL-terminated empty string and `fd` is an open mount fd borrowed for the
+    // call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            AT_EMPTY_PATH | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(SyscallError::new(call, std::io::Error::last_os_error()));
+    }
+    Ok(())
 }

@@ -22,7 +22,7 @@
 //! fifos (any sandbox can make one; they reach nothing on the host), symlinks with any
 //! target (never followed here). Unix sockets cannot be in a tar stream.
 
-use std::io::{self, Read};
+use std::io::Read;
 use std::path::Path;
 use std::time::Instant;
 
@@ -30,7 +30,7 @@ use crate::tree::{
     lossy, open_empty_target, path_of, ContentSource, InstallError, InstallLimits, Installer,
     MemberKind,
 };
-use crate::unpack::{for_each_member, Content};
+use crate::unpack::{check_end_marker, for_each_member, Content, Counting};
 
 /// How [`install_image`] treats a stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,10 +80,7 @@ pub fn install_image<R: Read>(
     let started = Instant::now();
     let target_fd = open_empty_target(target)?;
     let mut installer = Installer::new(target_fd, ContentSource::Stream, &options.limits);
-    let mut counted = Counting {
-        inner: io::BufReader::with_capacity(256 << 10, reader),
-        read: 0,
-    };
+    let mut counted = Counting::new(reader);
     let mut dropped_devices = 0u64;
     // Normalised paths of dropped device nodes, with their numbers: a hardlink to one is a
     // device node too.
@@ -187,46 +184,5 @@ fn device_error(
         major,
         minor,
         dir: device_dir.map(lossy).unwrap_or_default(),
-    }
-}
-
-/// Checks that the stream holds the two zero blocks of the end-of-archive marker at `end`.
-/// The tar reader stops after reading the first zero block (or at the end of the stream),
-/// so it consumed `end + 512` bytes exactly when the first block was there.
-fn check_end_marker<R: Read>(
-    counted: &mut Counting<R>,
-    end: u64,
-    label: &Path,
-) -> Result<(), InstallError> {
-    let missing = || InstallError::MissingEndOfArchive {
-        path: label.to_path_buf(),
-        offset: end,
-    };
-    if counted.read != end + 512 {
-        return Err(missing());
-    }
-    let mut second = [0u8; 512];
-    match counted.read_exact(&mut second) {
-        Ok(()) if second.iter().all(|b| *b == 0) => Ok(()),
-        Ok(()) => Err(missing()),
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(missing()),
-        Err(source) => Err(InstallError::ReadArchive {
-            path: label.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-/// A reader that counts the bytes it delivered.
-struct Counting<R> {
-    inner: R,
-    read: u64,
-}
-
-impl<R: Read> Read for Counting<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        Ok(n)
     }
 }

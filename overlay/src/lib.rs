@@ -26,12 +26,20 @@
 //!   under `dev/` dropped, no whiteouts, no overlay attributes; see [`image`]). Their types
 //!   ([`CaptureError`], [`CaptureStats`], [`InstallError`], [`InstallLimits`]) are shared
 //!   with the layer form.
+//! - Image layers: [`install_oci_layer`] unpacks one layer of a container image (a tar
+//!   stream from a registry) with the same tree builder under the rules of an OCI layer
+//!   (see [`oci_layer`]): `.wh.NAME` members become overlay whiteouts, `.wh..wh..opq`
+//!   markers opaque directories, aufs bookkeeping is skipped, device nodes are refused, a
+//!   repeated name replaces the earlier member. A stack of unpacked layers can be inspected
+//!   through [`OverlayMount::mount_lowers_readonly`] (overlayfs without an upper directory;
+//!   one layer alone is bind-mounted read-only).
 //! - [`capture_upper`] / [`capture_upper_with_limits`] / [`install_upper`] (an upper
 //!   directory to a tar file and back) are used only by this crate's own tests and its
 //!   `capture` benchmark; no checkpoint path calls them.
 //!
 //! Modules: [`layer`] (the layer form); [`capture`] and [`install`] (the tar form's
-//! writer and reader, on a tar file), [`image`] (tar streams into images), with private
+//! writer and reader, on a tar file), [`image`] (tar streams into images), [`oci_layer`]
+//! (tar streams of image layers into layer directories), with private
 //! `format` (tar/PAX constants), `unpack` (the tar member reader) and `sink` (archive
 //! outputs); `tree` (the hardened tree builder both forms install with), `walk` (the
 //! bounded sorted walk every capture and digest uses), [`digest`], [`mount`], `idmap`
@@ -86,7 +94,8 @@
 //!   `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS |
 //!   RESOLVE_NO_XDEV)` from the target's fd, so `evil -> /tmp/x` followed by `evil/pwned`
 //!   fails with `ELOOP`; each leaf is created relative to that fd with exclusive, no-follow
-//!   calls (an existing name is a duplicate, never overwritten); hardlinks may only point
+//!   calls (an existing name is a duplicate, never overwritten; an image layer replaces it
+//!   by unlinking it first, never writing through it); hardlinks may only point
 //!   at earlier non-directory members (never `/etc/shadow`); metadata is set through the
 //!   new fd or with `AT_SYMLINK_NOFOLLOW`.
 //! - **Rejected** with a typed [`InstallError`] naming the member: names that are empty,
@@ -146,6 +155,7 @@ pub mod image;
 pub mod install;
 pub mod layer;
 pub mod mount;
+pub mod oci_layer;
 pub mod remove;
 mod sink;
 mod sys;
@@ -164,6 +174,7 @@ pub use idmap::{AttachedTree, IdmappedTree};
 pub use image::{install_image, ImageOptions, ImageStats};
 pub use install::{install_upper, InstallError, InstallLimits, InstallStats};
 pub use mount::{is_mountpoint, unmount, MountError, MountFailure, MountOptions, OverlayMount};
+pub use oci_layer::{install_oci_layer, LayerOptions, LayerStats};
 pub use remove::{
     remove_dir_all, remove_tree, remove_tree_with, RemoveError, RemoveOptions, RemoveStats,
 };

@@ -1,7 +1,9 @@
 //! Reading tar members: the extension headers (PAX records, GNU long names and link targets)
 //! in front of each member, the member's header, and the checks that turn them into a
-//! [`Member`] for the tree builder. Shared by [`install_upper`](crate::install_upper) (a
-//! seekable archive file) and [`install_image`](crate::install_image) (any stream).
+//! [`Member`] for the tree builder, and the end-of-archive check of a stream. Shared by
+//! [`install_upper`](crate::install_upper) (a seekable archive file),
+//! [`install_image`](crate::install_image) and
+//! [`install_oci_layer`](crate::install_oci_layer) (any stream).
 
 use std::io::{self, Read};
 use std::path::Path;
@@ -319,4 +321,56 @@ fn parse_member<R: Read>(
         mtime,
         xattrs,
     })
+}
+
+/// Checks that the stream holds the two zero blocks of the end-of-archive marker at `end`.
+/// The tar reader stops after reading the first zero block (or at the end of the stream),
+/// so it consumed `end + 512` bytes exactly when the first block was there.
+pub(crate) fn check_end_marker<R: Read>(
+    counted: &mut Counting<R>,
+    end: u64,
+    label: &Path,
+) -> Result<(), InstallError> {
+    let missing = || InstallError::MissingEndOfArchive {
+        path: label.to_path_buf(),
+        offset: end,
+    };
+    if counted.read != end + 512 {
+        return Err(missing());
+    }
+    let mut second = [0u8; 512];
+    match counted.read_exact(&mut second) {
+        Ok(()) if second.iter().all(|b| *b == 0) => Ok(()),
+        Ok(()) => Err(missing()),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(missing()),
+        Err(source) => Err(InstallError::ReadArchive {
+            path: label.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// A buffered reader over a tar stream that counts the bytes it delivered (for
+/// [`check_end_marker`]).
+pub(crate) struct Counting<R> {
+    inner: io::BufReader<R>,
+    read: u64,
+}
+
+impl<R: Read> Counting<R> {
+    /// Wraps `reader` with a 256 KiB buffer.
+    pub(crate) fn new(reader: R) -> Self {
+        Counting {
+            inner: io::BufReader::with_capacity(256 << 10, reader),
+            read: 0,
+        }
+    }
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
 }

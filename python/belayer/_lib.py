@@ -426,6 +426,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "belayer_close": ([client], c_int),
         "belayer_ping": ([client, POINTER(c_void_p)], c_int),
         "belayer_image_import": ([client, c_char_p, c_char_p], c_int),
+        "belayer_image_pull": ([client, c_char_p, c_char_p, c_char_p, c_char_p, c_int], c_int),
         "belayer_sandbox_create": ([client, c_char_p, c_char_p, POINTER(c_void_p)], c_int),
         "belayer_sandbox_inspect": ([client, c_char_p, POINTER(SandboxInfo)], c_int),
         "belayer_sandbox_info_free": ([POINTER(SandboxInfo)], None),

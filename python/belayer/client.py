@@ -169,13 +169,44 @@ class Client(_Handle, SandboxMethods, ClientTransfers):
 
     def import_image(self, name: Text, source: Text, exist_ok: bool = False) -> None:
         """Imports the rootfs directory or tar archive ``source`` as image ``name``, owned by
-        this process's uid; an existing image is fine when ``exist_ok``.
+        this process's uid; an existing image is fine when ``exist_ok``. ``oci:DIR[:TAG]``
+        (an OCI image layout) and ``docker-archive:FILE[:REF]`` import an OCI image as
+        shared layers (:class:`CorruptImageError` when a digest does not match).
 
         The library opens ``source`` with this process's rights and passes the descriptor to
         the daemon, which reads only what this process may read (a directory is walked as its
         uid and groups): an unreadable entry raises :class:`PermissionDeniedError`, a device
         node outside the source's ``/dev`` :class:`BadRequestError`."""
         rc = self._lib.belayer_image_import(self._handle, _c(name), _c(source))
+        if exist_ok and rc == -23:
+            return
+        _check(rc)
+
+    def pull_image(
+        self,
+        reference: Text,
+        name: Optional[Text] = None,
+        username: Optional[Text] = None,
+        password: Optional[Text] = None,
+        insecure: bool = False,
+        exist_ok: bool = False,
+    ) -> None:
+        """Pulls ``reference`` (``HOST[:PORT]/REPO[:TAG]`` or ``...@sha256:DIGEST``) from its
+        OCI distribution registry as image ``name`` (default: the reference), with basic
+        credentials when given; loopback registries (and ``insecure``) use plain HTTP.
+        Raises :class:`RegistryUnreachableError`, :class:`RegistryDeniedError`,
+        :class:`NotFoundError`, :class:`CorruptImageError`; an existing image is fine when
+        ``exist_ok``."""
+        if (username is None) != (password is None):
+            raise ValueError("username and password go together")
+        rc = self._lib.belayer_image_pull(
+            self._handle,
+            _c(reference),
+            None if name is None else _c(name),
+            None if username is None else _c(username),
+            None if password is None else _c(password),
+            1 if insecure else 0,
+        )
         if exist_ok and rc == -23:
             return
         _check(rc)

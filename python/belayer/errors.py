@@ -149,6 +149,24 @@ class TransferTimedOutError(BelayerError, builtins.TimeoutError):
     """A file transfer ran past its timeout, or its helper made no progress for 30 s."""
 
 
+class RegistryUnreachableError(BelayerError, builtins.ConnectionError):
+    """A registry could not be reached (refused, unknown host, timeout, TLS)."""
+
+
+class RegistryDeniedError(BelayerError, builtins.PermissionError):
+    """A registry refused the credentials (or asked for some)."""
+
+
+class CorruptImageError(BelayerError):
+    """An image's content failed verification or was refused (a blob whose digest does not
+    match, a truncated or missing blob, a hostile layer); nothing of it was kept."""
+
+
+class ImageChangedError(BelayerError):
+    """A restore was refused: the sandbox's image now has another digest than the one its
+    checkpoint was taken on."""
+
+
 class PanicError(BelayerError):
     """The library caught an internal panic."""
 
@@ -204,5 +222,9 @@ ERRORS: Dict[int, Type[BelayerError]] = {
     -36: TransferFailedError,
     -37: NoSpaceError,
     -38: TransferTimedOutError,
+    -39: RegistryUnreachableError,
+    -40: RegistryDeniedError,
+    -41: CorruptImageError,
+    -42: ImageChangedError,
     -99: PanicError,
 }

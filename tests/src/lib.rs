@@ -10,8 +10,10 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod oci;
 pub mod peer;
 pub mod policy;
+pub mod registry;
 pub mod states;
 
 use std::path::{Path, PathBuf};
@@ -600,4 +602,11 @@ impl Drop for Daemon {
         }
         let _ = (&self.dir, &self.sock_dir);
     }
+}
+
+/// A number unique within this process (for scratch names).
+pub fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }

@@ -90,18 +90,30 @@ pub struct Forwarded {
 /// `belayer image ...`
 #[derive(Debug, Subcommand)]
 pub enum ImageCmd {
-    /// Import a rootfs directory or a tar (plain, gzip, zstd) as image NAME.
+    /// Import an image as NAME: a rootfs directory or a tar (plain, gzip, zstd) as one flat
+    /// tree, or an OCI image as shared layers: `oci:DIR[:TAG]` (an OCI image layout) or
+    /// `docker-archive:FILE[:REPO:TAG]` (the output of `docker save` / `podman save`).
     ///
     /// The source is opened by this command with your own rights and passed to belayerd as
-    /// a descriptor: belayerd reads only what you can read (a directory is walked as your
-    /// uid and groups). Device nodes are refused, except under the source's top-level /dev,
-    /// where they are left out (every sandbox has its own /dev).
+    /// descriptors: belayerd reads only what you can read (a directory is walked as your
+    /// uid and groups) and verifies every digest of an OCI image. Device nodes are refused
+    /// (in a flat tree, those under the source's top-level /dev are left out: every sandbox
+    /// has its own /dev).
     Import {
-        /// Image name.
+        /// Image name: a plain name or a reference (`localhost:5000/swe/task:1`).
         name: String,
-        /// Directory or archive, readable by you.
-        path: PathBuf,
+        /// Directory or archive readable by you, `oci:DIR[:TAG]` or `docker-archive:FILE[:REF]`.
+        path: String,
     },
+    /// Pull an image from an OCI distribution registry into the node's layer store (each
+    /// layer stored once, shared by every image that has it).
+    ///
+    /// Credentials: `--creds USER:PASSWORD`, else the entry for the registry in a docker-
+    /// style auth file (`--authfile`, `$REGISTRY_AUTH_FILE`, `$DOCKER_CONFIG/config.json`,
+    /// `~/.docker/config.json`, `$XDG_RUNTIME_DIR/containers/auth.json`), else anonymous.
+    /// Loopback registries are talked to over plain HTTP; others over HTTPS unless
+    /// `--insecure` (or the daemon's `insecure_registries`).
+    Pull(PullArgs),
     /// List images.
     Ls,
     /// Remove an image no sandbox uses.
@@ -109,6 +121,25 @@ pub enum ImageCmd {
         /// Image name.
         name: String,
     },
+}
+
+/// Arguments of `image pull`.
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// `HOST[:PORT]/REPO[:TAG]` or `...@sha256:DIGEST` (no host: docker.io; no tag: latest).
+    pub reference: String,
+    /// Local image name (default: the reference as given).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `USER:PASSWORD` for the registry.
+    #[arg(long, env = "BELAYER_REGISTRY_CREDS", hide_env_values = true)]
+    pub creds: Option<String>,
+    /// A docker-style auth file (`{"auths": {"HOST": {"auth": base64(USER:PASSWORD)}}}`).
+    #[arg(long)]
+    pub authfile: Option<PathBuf>,
+    /// Talk plain HTTP to this registry.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 /// `belayer sandbox ...`
@@ -163,6 +194,10 @@ pub struct CreateArgs {
     /// `exec --cwd` overrides it; default `/`).
     #[arg(long)]
     pub workdir: Option<String>,
+    /// User every action runs as: `UID` or `UID:GID` (default: the image's configured user,
+    /// else root).
+    #[arg(long)]
+    pub user: Option<String>,
 }
 
 /// Parses `--userns`.

@@ -26,6 +26,7 @@ pub mod client;
 pub mod copy;
 pub mod embedded;
 pub mod forward;
+pub mod image;
 pub mod output;
 pub mod report;
 pub mod rollout;
@@ -35,7 +36,7 @@ use belayer_ipc::{CheckpointRequest, ExecRequest, Request, Response, SandboxSpec
 
 pub use args::Cli;
 use args::{CheckpointAction, Command, ImageCmd, SandboxCmd};
-use client::{call, connect, import_image};
+use client::{call, connect};
 use forward::Program;
 
 /// Runs the command; returns the process exit code.
@@ -60,8 +61,9 @@ pub fn run(cli: Cli) -> Result<i32> {
     match command {
         Command::Status => p.response(call(&mut c, Request::Status)?),
         Command::Image(ImageCmd::Import { name, path }) => {
-            p.response(import_image(&mut c, &name, &path)?)
+            p.response(image::import(&mut c, &name, &path)?)
         }
+        Command::Image(ImageCmd::Pull(args)) => p.response(image::pull(&mut c, args)?),
         Command::Image(ImageCmd::Ls) => p.response(call(&mut c, Request::ListImages)?),
         Command::Image(ImageCmd::Rm { name }) => {
             p.response(call(&mut c, Request::RemoveImage { name })?)
@@ -77,6 +79,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 userns: a.userns,
                 disk_max: a.disk_max,
                 workdir: a.workdir,
+                user: a.user,
             };
             match call(&mut c, Request::CreateSandbox(spec))? {
                 Response::Sandbox(info) => p.created(&info),

@@ -169,11 +169,35 @@ impl Printer {
         }
         match r {
             Response::Pong { version } => println!("belayerd {version}"),
-            Response::Image(i) => println!("{}\t{} bytes", i.name, i.bytes),
+            Response::Image(i) => {
+                println!(
+                    "{}\t{}\t{} layers\t{} bytes\t{}",
+                    i.name,
+                    i.kind,
+                    i.layers.len().max(1),
+                    i.bytes,
+                    i.digest.as_deref().unwrap_or("-")
+                );
+            }
             Response::Images(v) => {
-                println!("NAME\tBYTES");
-                for i in v {
-                    println!("{}\t{}", i.name, i.bytes);
+                println!("NAME\tKIND\tLAYERS\tBYTES\tDIGEST");
+                let mut unique = std::collections::HashMap::new();
+                for i in &v {
+                    println!(
+                        "{}\t{}\t{}\t{}\t{}",
+                        i.name,
+                        i.kind,
+                        i.layers.len().max(1),
+                        i.bytes,
+                        i.digest.as_deref().unwrap_or("-")
+                    );
+                    for l in &i.layers {
+                        unique.insert(l.diff_id.clone(), l.bytes);
+                    }
+                }
+                if !unique.is_empty() {
+                    let stored: u64 = unique.values().sum();
+                    println!("layer store: {} layers, {stored} bytes", unique.len());
                 }
             }
             Response::Sandbox(s) => {

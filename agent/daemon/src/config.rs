@@ -54,6 +54,14 @@ pub struct Config {
     pub output_limit_bytes: u64,
     /// Default action timeout, seconds (0 = none).
     pub exec_timeout_s: u64,
+    /// Registries (`HOST[:PORT]`) talked to over plain HTTP by `image pull`, besides the
+    /// loopback ones (`localhost`, `127.0.0.1`, `[::1]`), which always are.
+    pub insecure_registries: Vec<String>,
+    /// How often `image pull` retries a registry request or a layer stream that failed
+    /// (connection refused, timeout, 5xx), with exponential backoff.
+    pub registry_retries: u32,
+    /// Timeout of one registry request (connect and each read), seconds.
+    pub registry_timeout_s: u64,
     /// Longest wait for a cgroup to freeze, milliseconds.
     pub freeze_timeout_ms: u64,
     /// Wall-clock limit on every CRIU dump and restore, milliseconds: this base plus
@@ -177,6 +185,9 @@ impl Default for Config {
             max_frame_bytes: 16 << 20,
             output_limit_bytes: 1 << 20,
             exec_timeout_s: 0,
+            insecure_registries: Vec::new(),
+            registry_retries: 3,
+            registry_timeout_s: 30,
             freeze_timeout_ms: 10_000,
             criu_time_limit_base_ms: 60_000,
             criu_time_limit_per_gib_ms: 4_000,

@@ -48,6 +48,11 @@ pub struct SandboxRecord {
     /// these (see `sandbox::restore::upper`). 0 for a fresh instance.
     #[serde(default)]
     pub inherited_bytes: u64,
+    /// Digest of the image at creation ([`crate::images::ImageMeta::digest`]): checkpoints
+    /// record it and a restore refuses an image whose digest changed. `None` for records
+    /// written before it existed, or images without one.
+    #[serde(default)]
+    pub image_digest: Option<String>,
 }
 
 /// Errors shared by the sandbox verbs.
@@ -203,6 +208,7 @@ mod tests {
             userns: None,
             owner_uid: 0,
             inherited_bytes: 0,
+            image_digest: None,
         }
     }
 

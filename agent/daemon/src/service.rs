@@ -347,10 +347,12 @@ impl Agent {
     }
 
     /// Serves one request from `caller` with the descriptors `fds` attached to its frame
-    /// (only `ImportImage` with `with_fd` takes one). Access is checked for every request by
+    /// (only `ImportImage` with `with_fd` takes one, `ImportOci` one per blob file). Access is checked for every request by
     /// [`access::may_act_on`], through the lookups of [`access`].
     pub fn dispatch(&self, caller: &Caller, request: Request, fds: Vec<OwnedFd>) -> Response {
-        if !matches!(request, Request::ImportImage { .. }) && !fds.is_empty() {
+        if !matches!(request, Request::ImportImage { .. } | Request::ImportOci(_))
+            && !fds.is_empty()
+        {
             let e = AccessError::Descriptors {
                 got: fds.len(),
                 expected: 0,
@@ -372,6 +374,8 @@ impl Agent {
                 Err(e) => error(ErrorCode::Internal, &e),
             },
             Request::RemoveImage { name } => self.remove_image(caller, &name),
+            Request::PullImage(req) => self.pull_image(caller, &req),
+            Request::ImportOci(req) => self.import_oci(caller, req, fds),
             Request::CreateSandbox(spec) => self.create_sandbox(caller, spec),
             Request::ListSandboxes => {
                 let slots = self.slots_for(caller);

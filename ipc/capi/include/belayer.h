@@ -192,6 +192,19 @@
 // Daemon: a file transfer ran past its timeout, or its helper made no progress for 30 s.
 #define BELAYER_E_TRANSFER_TIMED_OUT -38
 
+// Daemon: a registry could not be reached (refused, unknown host, timeout, TLS).
+#define BELAYER_E_REGISTRY_UNREACHABLE -39
+
+// Daemon: a registry refused the credentials (or asked for some).
+#define BELAYER_E_REGISTRY_DENIED -40
+
+// Daemon: an image's content failed verification or was refused (digest mismatch,
+// truncated blob, missing blob, hostile layer); nothing of it was kept.
+#define BELAYER_E_CORRUPT_IMAGE -41
+
+// Daemon: a restore was refused because the sandbox's image changed digest.
+#define BELAYER_E_IMAGE_CHANGED -42
+
 // An internal panic was caught.
 #define BELAYER_E_PANIC -99
 
@@ -1022,7 +1035,10 @@ int belayer_placeholder_remap(struct BelayerPlaceholder *placeholder);
 void belayer_placeholder_free(struct BelayerPlaceholder *placeholder);
 
 // Imports the rootfs directory or tar archive (plain, gzip, zstd) at `source` as the
-// read-only image `name`, owned by the calling process's uid. The library opens `source`
+// read-only image `name`, owned by the calling process's uid; or, for `oci:DIR[:TAG]` (an
+// OCI image layout) and `docker-archive:FILE[:REF]`, an OCI image as shared layers (the
+// layer files opened here and passed as descriptors; every digest verified by the daemon,
+// `BELAYER_E_CORRUPT_IMAGE` when one does not match). The library opens `source`
 // itself, with this process's rights, and passes the descriptor to the daemon, which reads
 // only what this process may read (a directory is walked with its uid and groups). Device
 // nodes are refused, except under the source's top-level `/dev`, where they are left out.
@@ -1038,6 +1054,26 @@ void belayer_placeholder_free(struct BelayerPlaceholder *placeholder);
 int belayer_image_import(BelayerClient client,
                          const char *name,
                          const char *source);
+
+// Pulls `reference` from its OCI distribution registry as image `name` (NULL: the
+// reference), with `username`/`password` (both NULL: anonymous) and plain HTTP when
+// `insecure` is non-zero (loopback registries always are). Blocks until every layer is
+// stored and verified.
+//
+// Errors: `BELAYER_E_REGISTRY_UNREACHABLE`, `BELAYER_E_REGISTRY_DENIED`,
+// `BELAYER_E_NOT_FOUND` (no such image), `BELAYER_E_CORRUPT_IMAGE`,
+// `BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST`.
+//
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `reference` is a NUL-terminated string; `name`, `username`, `password` null or one.
+int belayer_image_pull(BelayerClient client,
+                       const char *reference,
+                       const char *name,
+                       const char *username,
+                       const char *password,
+                       int insecure);
 
 // Creates and starts a sandbox from `image` with rollout tag `tag` (NULL: none); stores its
 // id in `*out_id` (free with [`belayer_string_free`]).

@@ -31,6 +31,10 @@ pub fn status_of(code: ErrorCode) -> c_int {
         ErrorCode::TransferFailed => BELAYER_E_TRANSFER_FAILED,
         ErrorCode::NoSpace => BELAYER_E_NO_SPACE,
         ErrorCode::TransferTimedOut => BELAYER_E_TRANSFER_TIMED_OUT,
+        ErrorCode::RegistryUnreachable => BELAYER_E_REGISTRY_UNREACHABLE,
+        ErrorCode::RegistryDenied => BELAYER_E_REGISTRY_DENIED,
+        ErrorCode::CorruptImage => BELAYER_E_CORRUPT_IMAGE,
+        ErrorCode::ImageChanged => BELAYER_E_IMAGE_CHANGED,
     }
 }
 

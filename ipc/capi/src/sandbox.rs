@@ -1,6 +1,6 @@
 //! Images and sandboxes: import, create, inspect, destroy (actions: [`crate::exec`]).
 
-use crate::status::{guard, text, writable, Failure};
+use crate::status::{guard, text, writable, Failure, BELAYER_E_INVALID_ARGUMENT};
 use belayer_ipc::{Request, Response, SandboxInfo, SandboxSpec, UsernsMode};
 use std::ffi::{c_char, c_int};
 
@@ -8,7 +8,10 @@ use crate::convert::*;
 use crate::types::*;
 
 /// Imports the rootfs directory or tar archive (plain, gzip, zstd) at `source` as the
-/// read-only image `name`, owned by the calling process's uid. The library opens `source`
+/// read-only image `name`, owned by the calling process's uid; or, for `oci:DIR[:TAG]` (an
+/// OCI image layout) and `docker-archive:FILE[:REF]`, an OCI image as shared layers (the
+/// layer files opened here and passed as descriptors; every digest verified by the daemon,
+/// `BELAYER_E_CORRUPT_IMAGE` when one does not match). The library opens `source`
 /// itself, with this process's rights, and passes the descriptor to the daemon, which reads
 /// only what this process may read (a directory is walked with its uid and groups). Device
 /// nodes are refused, except under the source's top-level `/dev`, where they are left out.
@@ -30,11 +33,78 @@ pub unsafe extern "C" fn belayer_image_import(
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let (name, source) = unsafe { (text(name, "name")?, text(source, "source")?) };
-        match call_using(client, |c| {
-            c.import_image(name, std::path::Path::new(source))
-        })? {
+        let response = match belayer_ipc::oci_source::SourceSpec::parse(source) {
+            None => call_using(client, |c| {
+                c.import_image(name, std::path::Path::new(source))
+            })?,
+            Some(spec) => {
+                let parts = spec
+                    .open()
+                    .map_err(|e| Failure::new(BELAYER_E_INVALID_ARGUMENT, e.to_string()))?;
+                call_using(client, |c| c.import_oci(name, &parts))?
+            }
+        };
+        match response {
             Response::Image(_) => Ok(()),
             other => Err(unexpected("image import", &other)),
+        }
+    })
+}
+
+/// Pulls `reference` from its OCI distribution registry as image `name` (NULL: the
+/// reference), with `username`/`password` (both NULL: anonymous) and plain HTTP when
+/// `insecure` is non-zero (loopback registries always are). Blocks until every layer is
+/// stored and verified.
+///
+/// Errors: `BELAYER_E_REGISTRY_UNREACHABLE`, `BELAYER_E_REGISTRY_DENIED`,
+/// `BELAYER_E_NOT_FOUND` (no such image), `BELAYER_E_CORRUPT_IMAGE`,
+/// `BELAYER_E_ALREADY_EXISTS`, `BELAYER_E_BAD_REQUEST`.
+///
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `reference` is a NUL-terminated string; `name`, `username`, `password` null or one.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_image_pull(
+    client: BelayerClient,
+    reference: *const c_char,
+    name: *const c_char,
+    username: *const c_char,
+    password: *const c_char,
+    insecure: c_int,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (reference, name, username, password) = unsafe {
+            (
+                text(reference, "reference")?,
+                opt_text(name, "name")?,
+                opt_text(username, "username")?,
+                opt_text(password, "password")?,
+            )
+        };
+        let credentials = match (username, password) {
+            (Some(u), Some(p)) => belayer_ipc::RegistryCredentials::Basic {
+                username: u.to_string(),
+                password: p.to_string(),
+            },
+            (None, None) => belayer_ipc::RegistryCredentials::Anonymous,
+            _ => {
+                return Err(Failure::new(
+                    BELAYER_E_INVALID_ARGUMENT,
+                    "username and password go together",
+                ))
+            }
+        };
+        let request = belayer_ipc::Request::PullImage(belayer_ipc::PullRequest {
+            reference: reference.to_string(),
+            name: name.map(str::to_string),
+            credentials,
+            insecure: insecure != 0,
+        });
+        match call_using(client, |c| c.call(request))? {
+            Response::Image(_) => Ok(()),
+            other => Err(unexpected("image pull", &other)),
         }
     })
 }

@@ -78,6 +78,15 @@ pub const BELAYER_E_TRANSFER_FAILED: c_int = -36;
 pub const BELAYER_E_NO_SPACE: c_int = -37;
 /// Daemon: a file transfer ran past its timeout, or its helper made no progress for 30 s.
 pub const BELAYER_E_TRANSFER_TIMED_OUT: c_int = -38;
+/// Daemon: a registry could not be reached (refused, unknown host, timeout, TLS).
+pub const BELAYER_E_REGISTRY_UNREACHABLE: c_int = -39;
+/// Daemon: a registry refused the credentials (or asked for some).
+pub const BELAYER_E_REGISTRY_DENIED: c_int = -40;
+/// Daemon: an image's content failed verification or was refused (digest mismatch,
+/// truncated blob, missing blob, hostile layer); nothing of it was kept.
+pub const BELAYER_E_CORRUPT_IMAGE: c_int = -41;
+/// Daemon: a restore was refused because the sandbox's image changed digest.
+pub const BELAYER_E_IMAGE_CHANGED: c_int = -42;
 /// An internal panic was caught.
 pub const BELAYER_E_PANIC: c_int = -99;
 

@@ -272,6 +272,30 @@ impl Client {
         )
     }
 
+    /// Imports an OCI image found by [`crate::oci_source`] (a layout or a docker archive,
+    /// opened with this process's rights) as image `name`, passing its layer files as
+    /// descriptors with [`Request::ImportOci`]. Answered by `Response::Image` or an error
+    /// reply.
+    ///
+    /// Errors: those of [`call_with_fds`](Client::call_with_fds).
+    pub fn import_oci(
+        &mut self,
+        name: &str,
+        source: &crate::oci_source::OciSource,
+    ) -> Result<Response, ClientError> {
+        let fds: Vec<BorrowedFd<'_>> = source.files.iter().map(AsFd::as_fd).collect();
+        self.call_with_fds(
+            Request::ImportOci(crate::OciImportRequest {
+                name: name.to_owned(),
+                source: source.label.clone(),
+                manifest: source.manifest.clone(),
+                config: source.config.clone(),
+                layers: source.layers.clone(),
+            }),
+            &fds,
+        )
+    }
+
     /// Turns this connection into an event stream ([`Request::Subscribe`]).
     ///
     /// Errors: those of [`call`](Client::call), [`ClientError::SubscribeRefused`] when the

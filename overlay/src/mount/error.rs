@@ -2,7 +2,7 @@
 //! a failed overlay mount in [`MountFailure`].
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::sys::SyscallError;
 
@@ -58,7 +58,8 @@ pub enum MountError {
 /// Details of a failed overlay mount.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "mounting overlay at {target} (lower {lowers:?}, upper {upper}, work {work}) failed{}",
+    "mounting overlay at {target} (lower {lowers:?}{}) failed{}",
+    dirs_text(upper, work),
     log_suffix(kernel_log)
 )]
 pub struct MountFailure {
@@ -66,9 +67,9 @@ pub struct MountFailure {
     pub target: PathBuf,
     /// Lower layers, top-most first.
     pub lowers: Vec<PathBuf>,
-    /// The upper directory.
+    /// The upper directory (empty for a read-only mount of lower layers alone).
     pub upper: PathBuf,
-    /// The work directory.
+    /// The work directory (empty for a read-only mount of lower layers alone).
     pub work: PathBuf,
     /// Messages the kernel queued on the filesystem context for this attempt (new mount
     /// API only), e.g. `"overlay: Unknown parameter 'x'"`. Overlayfs reports most other
@@ -77,6 +78,14 @@ pub struct MountFailure {
     /// The failed call and its errno.
     #[source]
     pub source: SyscallError,
+}
+
+fn dirs_text(upper: &Path, work: &Path) -> String {
+    if upper.as_os_str().is_empty() {
+        ", read-only".to_owned()
+    } else {
+        format!(", upper {}, work {}", upper.display(), work.display())
+    }
 }
 
 fn log_suffix(log: &[String]) -> String {

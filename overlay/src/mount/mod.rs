@@ -22,6 +22,7 @@ use crate::sys::{Call, SyscallError};
 
 mod error;
 pub(crate) mod points;
+mod read_only;
 
 pub use error::{MountError, MountFailure};
 pub use points::{is_mountpoint, unmount};
@@ -119,7 +120,8 @@ impl OverlayMount {
             lowers,
             trees: &trees,
         };
-        match mount_fsopen(&layers, upper, work, target, opts) {
+        let dirs = Some((upper, work));
+        match mount_fsopen(&layers, dirs, target, opts) {
             Ok(()) => {}
             Err(NewApiError::Unsupported) => {
                 let attached = layers
@@ -130,7 +132,7 @@ impl OverlayMount {
                     None => lowers.iter().map(|l| l.to_path_buf()).collect(),
                 };
                 let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
-                mount_legacy(&refs, upper, work, target, opts)
+                mount_legacy(&refs, dirs, target, opts)
                     .map_err(|e| e.into_mount_error(target, |source| fail(source, Vec::new())))?
             }
             Err(NewApiError::Failed { source, log }) => return Err(fail(source, log)),
@@ -214,10 +216,13 @@ impl Layers<'_> {
     }
 }
 
+/// The upper and work directories of a writable overlay; `None` mounts the lower layers
+/// alone, read-only.
+type UpperDirs<'a> = Option<(&'a Path, &'a Path)>;
+
 fn mount_fsopen(
     layers: &Layers<'_>,
-    upper: &Path,
-    work: &Path,
+    dirs: UpperDirs<'_>,
     target: &Path,
     opts: &MountOptions<'_>,
 ) -> Result<(), NewApiError> {
@@ -254,7 +259,7 @@ fn mount_fsopen(
             Ok(()) => by_path.clear(),
             Err(_) => {
                 // Start over: a context that took some layers cannot drop them again.
-                return mount_fsopen_attached(layers, upper, work, target, opts);
+                return mount_fsopen_attached(layers, dirs, target, opts);
             }
         }
     }
@@ -274,10 +279,12 @@ fn mount_fsopen(
             });
         }
     }
-    rustix::mount::fsconfig_set_string(&fs, "upperdir", upper)
-        .map_err(|e| failed(&fs, "fsconfig(upperdir)", e))?;
-    rustix::mount::fsconfig_set_string(&fs, "workdir", work)
-        .map_err(|e| failed(&fs, "fsconfig(workdir)", e))?;
+    if let Some((upper, work)) = dirs {
+        rustix::mount::fsconfig_set_string(&fs, "upperdir", upper)
+            .map_err(|e| failed(&fs, "fsconfig(upperdir)", e))?;
+        rustix::mount::fsconfig_set_string(&fs, "workdir", work)
+            .map_err(|e| failed(&fs, "fsconfig(workdir)", e))?;
+    }
     if opts.nfs_export {
         for key in ["index", "nfs_export"] {
             rustix::mount::fsconfig_set_string(&fs, key, "on")
@@ -286,6 +293,9 @@ fn mount_fsopen(
     }
     rustix::mount::fsconfig_create(&fs).map_err(|e| failed(&fs, "fsconfig(create)", e))?;
     let mut attrs = MountAttrFlags::empty();
+    if dirs.is_none() {
+        attrs |= MountAttrFlags::MOUNT_ATTR_RDONLY;
+    }
     if opts.nodev {
         attrs |= MountAttrFlags::MOUNT_ATTR_NODEV;
     }
@@ -307,8 +317,7 @@ fn mount_fsopen(
 /// [`mount_fsopen`] with every idmapped layer attached at a path (overlayfs before 6.13).
 fn mount_fsopen_attached(
     layers: &Layers<'_>,
-    upper: &Path,
-    work: &Path,
+    dirs: UpperDirs<'_>,
     target: &Path,
     opts: &MountOptions<'_>,
 ) -> Result<(), NewApiError> {
@@ -325,7 +334,7 @@ fn mount_fsopen_attached(
         lowers: &refs,
         trees: &[],
     };
-    let result = mount_fsopen(&plain, upper, work, target, opts);
+    let result = mount_fsopen(&plain, dirs, target, opts);
     drop(attached);
     result
 }
@@ -369,12 +378,14 @@ impl LegacyError {
 
 fn mount_legacy(
     lowers: &[&Path],
-    upper: &Path,
-    work: &Path,
+    dirs: UpperDirs<'_>,
     target: &Path,
     opts: &MountOptions<'_>,
 ) -> Result<(), LegacyError> {
-    let all = lowers.iter().copied().chain([upper, work]);
+    let all = lowers
+        .iter()
+        .copied()
+        .chain(dirs.into_iter().flat_map(|(upper, work)| [upper, work]));
     for path in all {
         if path
             .as_os_str()
@@ -388,16 +399,21 @@ fn mount_legacy(
     let mut data = b"lowerdir=".to_vec();
     let lower_list: Vec<&[u8]> = lowers.iter().map(|l| l.as_os_str().as_bytes()).collect();
     data.extend_from_slice(&lower_list.join(&b':'));
-    data.extend_from_slice(b",upperdir=");
-    data.extend_from_slice(upper.as_os_str().as_bytes());
-    data.extend_from_slice(b",workdir=");
-    data.extend_from_slice(work.as_os_str().as_bytes());
+    if let Some((upper, work)) = dirs {
+        data.extend_from_slice(b",upperdir=");
+        data.extend_from_slice(upper.as_os_str().as_bytes());
+        data.extend_from_slice(b",workdir=");
+        data.extend_from_slice(work.as_os_str().as_bytes());
+    }
     if opts.nfs_export {
         data.extend_from_slice(b",index=on,nfs_export=on");
     }
     let data = CString::new(data)
         .map_err(|_| LegacyError::UnsupportedPath(PathBuf::from(OsStr::new("<path with NUL>"))))?;
     let mut flags = MountFlags::empty();
+    if dirs.is_none() {
+        flags |= MountFlags::RDONLY;
+    }
     if opts.nodev {
         flags |= MountFlags::NODEV;
     }
@@ -418,7 +434,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         let bad = p.join("a,b");
-        match mount_legacy(&[bad.as_path()], p, p, p, &MountOptions::default()) {
+        match mount_legacy(&[bad.as_path()], Some((p, p)), p, &MountOptions::default()) {
             Err(LegacyError::UnsupportedPath(path)) => assert_eq!(path, bad),
             _ => panic!("expected UnsupportedPath"),
         }

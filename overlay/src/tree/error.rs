@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use crate::sys::SyscallError;
 
 /// Why [`install_upper`](crate::install_upper) failed, and with it
-/// [`install_image`](crate::install_image) and
-/// [`materialize_layer`](crate::layer::materialize_layer), which share its tree builder.
+/// [`install_image`](crate::install_image), [`install_oci_layer`](crate::install_oci_layer)
+/// and [`materialize_layer`](crate::layer::materialize_layer), which share its tree builder.
 /// `path` fields name the archive member or manifest entry (relative to the target) as
 /// written. The target may hold a partial install afterwards; the caller discards it (it
 /// was a fresh directory), nothing outside it was touched.
@@ -207,6 +207,43 @@ pub enum InstallError {
     /// but would hide a file once the image is a lower layer.
     #[error("{path}: overlay whiteout (0:0 character device) is not allowed in an image")]
     WhiteoutInImage {
+        /// The member.
+        path: PathBuf,
+    },
+    /// A device node in an image layer (character or block, any numbers, 0:0 included:
+    /// whiteouts come as `.wh.` names, never as device members).
+    #[error("{path}: {kind} device {major}:{minor} is not allowed in an image layer")]
+    DeviceInLayer {
+        /// The member.
+        path: PathBuf,
+        /// `"character"` or `"block"`.
+        kind: &'static str,
+        /// Device major number.
+        major: u32,
+        /// Device minor number.
+        minor: u32,
+    },
+    /// A `.wh.` whiteout member of an image layer whose hidden name is not a normal name
+    /// component (empty, `.`, `..`), or a `.wh.` name used as a parent directory.
+    #[error("{path}: invalid whiteout ({reason})")]
+    InvalidWhiteout {
+        /// The member.
+        path: PathBuf,
+        /// Why.
+        reason: &'static str,
+    },
+    /// An image layer holds both a member and a whiteout for one name (or a member below a
+    /// whited-out name): which one wins is not defined, so neither is guessed.
+    #[error("{path}: a member and a whiteout for the same name in one layer")]
+    WhiteoutConflict {
+        /// The later of the two members.
+        path: PathBuf,
+    },
+    /// A non-directory member of an image layer replaces a directory that already has
+    /// entries (tar replaces a name only by removing it, and removes only empty
+    /// directories).
+    #[error("{path}: would replace a directory that is not empty")]
+    ReplacesDirectory {
         /// The member.
         path: PathBuf,
     },

@@ -1,9 +1,13 @@
 //! The [`Installer`]: creates checked members, in pre-order, beneath one fresh target
 //! directory, and never writes outside it (see the `tree` module docs), enforcing
 //! [`InstallLimits`] as it goes; directory modes and times are applied last
-//! ([`Installer::finish`]).
+//! ([`Installer::finish`]). An existing name is a duplicate and refused, unless the builder
+//! follows the rules of an image layer ([`Installer::with_layer_rules`], child module
+//! `layer`): then a later member replaces an earlier one and missing parents are created.
 
-use std::collections::HashSet;
+mod layer;
+
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::rc::Rc;
@@ -42,6 +46,8 @@ struct DeferredDir {
     raw: Vec<u8>,
     mode: u32,
     mtime: (i64, u32),
+    /// Removed again (replaced by a non-directory, layer rules only): nothing to apply.
+    removed: bool,
 }
 
 /// Creates members, in pre-order, beneath one target directory.
@@ -61,6 +67,11 @@ pub(crate) struct Installer<'a> {
     chain: Vec<(Vec<Vec<u8>>, Rc<OwnedFd>)>,
     /// Copy buffer for streamed content (allocated on first use).
     buf: Vec<u8>,
+    /// Image-layer rules: later members replace earlier ones, missing parents are created.
+    layer: bool,
+    /// Layer rules only: index in `dirs` of each directory created (joined path), so a
+    /// directory listed again updates its deferred metadata.
+    dir_index: HashMap<Vec<u8>, usize>,
 }
 
 /// Most directory fds the installer's chain holds, whatever the depth of the layer (a
@@ -105,7 +116,14 @@ impl<'a> Installer<'a> {
             root: None,
             chain: Vec::new(),
             buf: Vec::new(),
+            layer: false,
+            dir_index: HashMap::new(),
         }
+    }
+
+    /// Members installed so far (directories created for missing parents included).
+    pub(crate) fn entries(&self) -> u64 {
+        self.stats.entries
     }
 
     /// Opens `components` (a directory path relative to the target) beneath the target.
@@ -125,7 +143,14 @@ impl<'a> Installer<'a> {
 
     /// The open parent directory `parent` (relative to the target), from the chain or
     /// resolved beneath the target.
-    fn parent(&mut self, parent: &[Vec<u8>], raw: &[u8]) -> Result<Rc<OwnedFd>, InstallError> {
+    /// Under layer rules, missing directories are created (see [`Installer::with_layer_rules`];
+    /// `mtime` is theirs).
+    fn parent(
+        &mut self,
+        parent: &[Vec<u8>],
+        raw: &[u8],
+        mtime: (i64, u32),
+    ) -> Result<Rc<OwnedFd>, InstallError> {
         while let Some((path, _)) = self.chain.last() {
             if parent.starts_with(path) {
                 break;
@@ -140,18 +165,37 @@ impl<'a> Installer<'a> {
                 return Ok(fd.clone());
             }
         }
-        let fd = self.open_beneath(parent, OFlags::PATH).map_err(|source| {
-            InstallError::ResolveParent {
-                path: path_of(raw),
-                source,
+        let fd = match self.open_beneath(parent, OFlags::PATH) {
+            Ok(fd) => fd,
+            Err(source) if self.layer && source.errno() == Some(Errno::NOENT.raw_os_error()) => {
+                self.create_parents(parent, raw, mtime)?
             }
-        })?;
+            Err(source) => {
+                return Err(InstallError::ResolveParent {
+                    path: path_of(raw),
+                    source,
+                })
+            }
+        };
         let fd = Rc::new(fd);
         // The chain must stay a line from the target down; restart it from here.
         self.chain.clear();
         self.chain.push((parent.to_vec(), fd.clone()));
         Ok(fd)
     }
+
+    /// Counts one more entry against [`InstallLimits::max_entries`].
+    fn count_entry(&mut self, raw: &[u8]) -> Result<(), InstallError> {
+        if self.stats.entries >= self.limits.max_entries {
+            return Err(InstallError::TooManyEntries {
+                path: path_of(raw),
+                max: self.limits.max_entries,
+            });
+        }
+        self.stats.entries += 1;
+        Ok(())
+    }
+
     fn check_limits(&mut self, member: &Member) -> Result<(), InstallError> {
         let path = || path_of(&member.raw);
         if self.stats.entries >= self.limits.max_entries {
@@ -235,8 +279,8 @@ impl<'a> Installer<'a> {
         };
 
         let Some((name, parent)) = member.components.split_last() else {
-            // The root member: metadata for the target itself.
-            if self.root.is_some() {
+            // The root member: metadata for the target itself (again, under layer rules).
+            if self.root.is_some() && !self.layer {
                 return Err(InstallError::DuplicateEntry { path: path() });
             }
             let xattrs: Vec<Xattr> = member
@@ -251,30 +295,40 @@ impl<'a> Installer<'a> {
                 raw: member.raw.clone(),
                 mode: member.mode,
                 mtime: member.mtime,
+                removed: false,
             });
             return Ok(());
         };
-        let parent_fd = self.parent(parent, raw)?;
+        let parent_fd = self.parent(parent, raw, member.mtime)?;
         let dir = parent_fd.as_fd();
         let name = name.as_slice();
         let full = join(&member.components);
+        // Layer rules: whatever an earlier member left at this name goes first (a
+        // directory listed again is merged into).
+        let merge = self.layer && self.make_room(dir, name, &member, &full)?;
 
         match &member.kind {
             MemberKind::Directory => {
-                rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
-                    .call("mkdirat")
-                    .map_err(create_err)?;
+                if !merge {
+                    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(0o700))
+                        .call("mkdirat")
+                        .map_err(create_err)?;
+                }
                 let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
                 let fd = rustix::fs::openat(dir, name, flags, Mode::empty())
                     .call("openat")
                     .map_err(create_err)?;
                 set_owner_and_xattrs_fd(fd.as_fd(), &member, &member.xattrs).map_err(meta_err)?;
-                self.dirs.push(DeferredDir {
-                    components: member.components.clone(),
-                    raw: member.raw.clone(),
-                    mode: member.mode,
-                    mtime: member.mtime,
-                });
+                self.record_dir(
+                    full,
+                    DeferredDir {
+                        components: member.components.clone(),
+                        raw: member.raw.clone(),
+                        mode: member.mode,
+                        mtime: member.mtime,
+                        removed: false,
+                    },
+                );
                 // `self.parent` left the chain ending at this directory's parent.
                 self.chain.push((member.components.clone(), Rc::new(fd)));
                 if self.chain.len() > CHAIN_MAX {
@@ -368,11 +422,11 @@ impl<'a> Installer<'a> {
         Ok(())
     }
 
-    /// Applies directory modes and times, deepest first, then the root's.
-    /// Applies the deferred directory metadata; returns what was installed.
+    /// Applies directory modes and times, deepest first, then the root's; returns what was
+    /// installed.
     pub(crate) fn finish(mut self) -> Result<InstallStats, InstallError> {
         self.chain.clear();
-        for dir in self.dirs.iter().rev() {
+        for dir in self.dirs.iter().rev().filter(|d| !d.removed) {
             let meta_err = |source| InstallError::SetMetadata {
                 path: path_of(&dir.raw),
                 source,

@@ -115,6 +115,8 @@ pub(super) struct Entry {
     pub(super) userns: Option<OwnedFd>,
     /// The action's stdin, when the request has bytes for it.
     stdin: Option<StdinCopy>,
+    /// `(uid, gid)` the action runs as inside the sandbox (`--user`); `None`: its root.
+    pub(super) user: Option<(u32, u32)>,
 }
 
 /// The sealed memfd the action's stdin bytes are copied into, and its owner (host uid).
@@ -166,6 +168,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         .one("--builtin")
         .map(|kind| super::transfer::Builtin::parse(kind, command, args))
         .transpose()?;
+    let user = args.one("--user").map(parse_user).transpose()?;
     let env: Vec<CString> = args
         .all("--env")
         .into_iter()
@@ -190,6 +193,7 @@ fn run(args: &Args<'_>) -> Result<String, ExecHelperError> {
         cgroupns: open_ns(pid, "cgroup")?,
         userns: private_userns.then(|| open_ns(pid, "user")).transpose()?,
         stdin,
+        user,
         cgroup_procs: args
             .all("--procs")
             .into_iter()
@@ -334,7 +338,7 @@ fn action(
         // Everything but stdio, the shell and the (close-on-exec) report pipe: the namespace
         // and cgroup fds, the status pipe.
         super::finish::close_all_but(&[shell.as_raw_fd() as u32, report.as_raw_fd() as u32])?;
-        super::finish::confine(filter, entry.userns.is_some())?;
+        super::finish::confine(filter, entry.userns.is_some(), entry.user)?;
         let argv = [
             CString::from(c"sh"),
             CString::from(c"-c"),
@@ -347,6 +351,17 @@ fn action(
     match run() {
         Err(e) => e,
         Ok(never) => match never {},
+    }
+}
+
+/// `--user UID:GID` (both decimal).
+fn parse_user(s: &str) -> Result<(u32, u32), ExecHelperError> {
+    let (uid, gid) = s
+        .split_once(':')
+        .ok_or(ExecHelperError::BadArgument("--user"))?;
+    match (uid.parse(), gid.parse()) {
+        (Ok(uid), Ok(gid)) => Ok((uid, gid)),
+        _ => Err(ExecHelperError::BadArgument("--user")),
     }
 }
 

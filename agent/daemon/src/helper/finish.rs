@@ -72,9 +72,15 @@ pub(crate) fn exec_fd(fd: &OwnedFd, what: &str, argv: &[CString], env: &[CString
 /// [`super::PRIVATE_USERNS_DROPPED`] in a private user namespace), then `no_new_privs` and the
 /// sandbox seccomp filter (built before the fork, [`super::seccomp`]). Call right before
 /// [`exec_fd`]: nothing the filter refuses may follow.
+///
+/// With `user = Some((uid, gid))` the process then becomes that user of its user namespace
+/// (no supplementary groups, real, effective and saved ids), after the bounding set was
+/// dropped: the kernel clears its permitted and effective capabilities, as for a non-root
+/// user of a container.
 pub(crate) fn confine(
     filter: &super::seccomp::SandboxFilter,
     private_userns: bool,
+    user: Option<(u32, u32)>,
 ) -> Result<(), SyscallError> {
     super::drop_capabilities(private_userns).map_err(|e| {
         SyscallError::io(
@@ -83,6 +89,9 @@ pub(crate) fn confine(
             std::io::Error::other(e.to_string()),
         )
     })?;
+    if let Some((uid, gid)) = user {
+        become_user(uid, gid)?;
+    }
     // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1) takes integers only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(SyscallError::new(
@@ -97,6 +106,30 @@ pub(crate) fn confine(
             .map_or(nix::errno::Errno::EINVAL, nix::errno::Errno::from_raw);
         SyscallError::new("seccomp", "sandbox filter", errno)
     })
+}
+
+/// `setgroups([])`, `setresgid(gid)`, `setresuid(uid)`.
+fn become_user(uid: u32, gid: u32) -> Result<(), SyscallError> {
+    // SAFETY: setgroups/setresgid/setresuid take integers and an empty list.
+    let (call, rc) = unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            ("setgroups", -1)
+        } else if libc::setresgid(gid, gid, gid) != 0 {
+            ("setresgid", -1)
+        } else if libc::setresuid(uid, uid, uid) != 0 {
+            ("setresuid", -1)
+        } else {
+            ("", 0)
+        }
+    };
+    if rc != 0 {
+        return Err(SyscallError::new(
+            call,
+            "action user",
+            nix::errno::Errno::last(),
+        ));
+    }
+    Ok(())
 }
 
 /// Closes every fd from 3 up except those in `keep`.

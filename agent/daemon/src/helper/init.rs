@@ -229,7 +229,7 @@ fn setup(
     let keep = [status_fd, std::os::fd::AsRawFd::as_raw_fd(&shell) as u32];
     super::finish::close_all_but(&keep)?;
     setsid().map_err(|e| SyscallError::new("setsid", "sandbox init", e))?;
-    super::finish::confine(filter, private_userns)?;
+    super::finish::confine(filter, private_userns, None)?;
     Ok(shell)
 }
 

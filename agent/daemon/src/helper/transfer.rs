@@ -139,7 +139,7 @@ pub(super) fn child(
         // Everything but stdio (the data pipe) and the report pipe: the namespace and cgroup
         // fds, the status pipe, the control pipe.
         super::finish::close_all_but(&[report.as_raw_fd() as u32])?;
-        super::finish::confine(filter, entry.userns.is_some())
+        super::finish::confine(filter, entry.userns.is_some(), None)
     })();
     if let Err(err) = confined {
         let _ = write!(report, "{}", super::init::error_chain(&err));

@@ -25,7 +25,7 @@ use belayer_ipc::ImageInfo;
 use belayer_overlay::{install_image, ImageOptions, ImageStats, InstallLimits};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 
-use super::{valid_name, ImageError, ImageMeta, ImageStore};
+use super::{valid_name, ImageError, ImageKind, ImageMeta, ImageStore};
 use crate::helper::HELPER_ARG;
 use crate::sys;
 
@@ -106,7 +106,7 @@ impl ImageStore {
         if !valid_name(name) {
             return Err(ImageError::InvalidName(name.to_string()));
         }
-        let final_dir = self.dir().join(name);
+        let final_dir = self.image_dir(name);
         if final_dir.exists() {
             return Err(ImageError::AlreadyExists(name.to_string()));
         }
@@ -130,9 +130,7 @@ impl ImageStore {
                 path: label_path.clone(),
                 source: e.into(),
             })?;
-        let tmp = self
-            .dir()
-            .join(format!(".import-{name}-{}", sys::random_hex(4)));
+        let tmp = self.dir().join(format!(".import-{}", sys::random_hex(8)));
         let rootfs = tmp.join("rootfs");
         let store_err = |path: &Path| {
             let path = path.to_path_buf();
@@ -140,11 +138,14 @@ impl ImageStore {
         };
         fs::create_dir_all(&rootfs).map_err(store_err(&rootfs))?;
         let result = (|| {
-            let (stats, skipped_sockets) = match kind {
+            let (stats, skipped_sockets, digest) = match kind {
                 FileType::Directory => {
                     unpack_dir(source.fd, &label_path, &rootfs, reader, helper_exe)?
                 }
-                FileType::RegularFile => (unpack_file(source.fd, &label_path, &rootfs)?, 0),
+                FileType::RegularFile => {
+                    let (stats, digest) = unpack_file(source.fd, &label_path, &rootfs)?;
+                    (stats, 0, digest)
+                }
                 other => {
                     return Err(ImageError::Source {
                         path: label_path.clone(),
@@ -166,17 +167,27 @@ impl ImageStore {
                 owner_uid,
                 dropped_devices: stats.dropped_devices,
                 skipped_sockets,
+                kind: ImageKind::Flat,
+                digest: Some(digest),
+                layers: Vec::new(),
+                config: None,
             };
             let json = serde_json::to_vec_pretty(&meta).unwrap_or_default();
             fs::write(tmp.join("image.json"), json).map_err(store_err(&tmp))?;
-            fs::rename(&tmp, &final_dir).map_err(store_err(&final_dir))?;
+            {
+                let _pins = self.lock();
+                if final_dir.exists() {
+                    return Err(ImageError::AlreadyExists(name.to_string()));
+                }
+                fs::rename(&tmp, &final_dir).map_err(store_err(&final_dir))?;
+            }
             if meta.dropped_devices > 0 || skipped_sockets > 0 {
                 tracing::info!(image = %name, dropped_devices = meta.dropped_devices,
                                skipped_sockets, "image imported without its /dev nodes and sockets");
             }
             tracing::info!(image = %name, source = %label, owner_uid, entries = stats.entries,
                            bytes = meta.bytes, "image imported");
-            Ok(meta.info())
+            Ok(meta.info(Vec::new()))
         })();
         if result.is_err() {
             let _ = belayer_overlay::remove_dir_all(&tmp);
@@ -204,8 +215,13 @@ fn has_shell(rootfs: &Path) -> bool {
     .is_ok()
 }
 
-/// Unpacks the tar archive open as `fd` (plain, gzip or zstd).
-fn unpack_file(fd: OwnedFd, label: &Path, rootfs: &Path) -> Result<ImageStats, ImageError> {
+/// Unpacks the tar archive open as `fd` (plain, gzip or zstd); returns the stats and the
+/// `blake3:` digest of the tar stream.
+fn unpack_file(
+    fd: OwnedFd,
+    label: &Path,
+    rootfs: &Path,
+) -> Result<(ImageStats, String), ImageError> {
     let source_err = |source: io::Error| ImageError::Source {
         path: label.to_path_buf(),
         source,
@@ -247,23 +263,55 @@ fn unpack_file(fd: OwnedFd, label: &Path, rootfs: &Path) -> Result<ImageStats, I
     } else {
         Box::new(file)
     };
-    install_image(reader, label, rootfs, &ImageOptions::default()).map_err(|source| {
-        ImageError::Unpack {
-            path: label.to_path_buf(),
-            source,
+    let mut tee = Blake3Tee::new(reader);
+    let stats =
+        install_image(&mut tee, label, rootfs, &ImageOptions::default()).map_err(|source| {
+            ImageError::Unpack {
+                path: label.to_path_buf(),
+                source,
+            }
+        })?;
+    Ok((stats, tee.digest()))
+}
+
+/// Hashes (blake3) what passes through it: the digest of a flat image is that of its tar
+/// stream up to the end-of-archive marker.
+struct Blake3Tee<R> {
+    inner: R,
+    hasher: blake3::Hasher,
+}
+
+impl<R> Blake3Tee<R> {
+    fn new(inner: R) -> Self {
+        Blake3Tee {
+            inner,
+            hasher: blake3::Hasher::new(),
         }
-    })
+    }
+
+    fn digest(&self) -> String {
+        format!("blake3:{}", self.hasher.finalize().to_hex())
+    }
+}
+
+impl<R: Read> Read for Blake3Tee<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// Streams the directory open as `fd` into `rootfs`, read with `reader`'s credentials;
-/// returns the install stats and the number of sockets the walk skipped.
+/// returns the install stats, the number of sockets the walk skipped and the `blake3:`
+/// digest of the stream.
 fn unpack_dir(
     fd: OwnedFd,
     label: &Path,
     rootfs: &Path,
     reader: &Credentials,
     helper_exe: &Path,
-) -> Result<(ImageStats, u64), ImageError> {
+) -> Result<(ImageStats, u64, String), ImageError> {
     let helper_err = |source| ImageError::Helper {
         path: label.to_path_buf(),
         source,
@@ -271,12 +319,13 @@ fn unpack_dir(
     let (rd, wr) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| helper_err(e.into()))?;
     let unpack = |rd: OwnedFd| {
-        install_image(File::from(rd), label, rootfs, &ImageOptions::default()).map_err(|source| {
-            ImageError::Unpack {
+        let mut tee = Blake3Tee::new(File::from(rd));
+        install_image(&mut tee, label, rootfs, &ImageOptions::default())
+            .map(|stats| (stats, tee.digest()))
+            .map_err(|source| ImageError::Unpack {
                 path: label.to_path_buf(),
                 source,
-            }
-        })
+            })
     };
     if reader.uid == 0 {
         // Root reads with the daemon's own rights: no process to drop privileges in.
@@ -298,7 +347,7 @@ fn unpack_dir(
             .join()
             .map_err(|_| helper_err(io::Error::other("the image walk thread panicked")))?;
         return match (installed, walked) {
-            (Ok(stats), Ok(walk)) => Ok((stats, walk.skipped_sockets)),
+            (Ok((stats, digest)), Ok(walk)) => Ok((stats, walk.skipped_sockets, digest)),
             // The installer refused the stream and stopped reading it: its error is the cause.
             (Err(e), Err(walk)) if walk.is_broken_pipe() => Err(e),
             // The walk failing first cuts the stream: its error is the cause.
@@ -365,13 +414,13 @@ fn unpack_dir(
             _ => read_tree(false, line.to_string()),
         }),
         (Err(e), _) => Err(e),
-        (Ok(stats), Some(0)) => {
+        (Ok((stats, digest)), Some(0)) => {
             let skipped = line
                 .split_whitespace()
                 .find_map(|f| f.strip_prefix("skipped_sockets="))
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0);
-            Ok((stats, skipped))
+            Ok((stats, skipped, digest))
         }
         (Ok(_), _) => Err(read_tree(false, format!("the helper ended with {status}"))),
     }
@@ -431,7 +480,7 @@ mod tests {
         assert!(valid_name("bookworm-python_3.11"));
         assert!(!valid_name(""));
         assert!(!valid_name(".hidden"));
-        assert!(!valid_name("a/b"));
+        assert!(!valid_name("a//b"));
         assert!(!valid_name(&"x".repeat(65)));
     }
 
@@ -476,12 +525,14 @@ mod tests {
             store
                 .import(name, open(p), &Credentials::root(), 1234, Path::new("/x"))
                 .unwrap();
-            assert!(store.rootfs(name).unwrap().join("bin/busybox").is_file());
+            assert!(store.lowers(name).unwrap().0[0]
+                .join("bin/busybox")
+                .is_file());
             assert_eq!(store.meta(name).unwrap().owner_uid, 1234);
         }
         assert_eq!(store.list().unwrap().len(), 4);
         store.remove("t").unwrap();
-        assert!(matches!(store.rootfs("t"), Err(ImageError::Unknown(_))));
+        assert!(matches!(store.lowers("t"), Err(ImageError::Unknown(_))));
         // no shell → rejected, nothing left behind
         let empty = tmp.path().join("empty");
         fs::create_dir(&empty).unwrap();

@@ -393,6 +393,7 @@ fn take(
         checkpoint: staging.name(),
         seq: staging.seq(),
         image: rec.spec.image.clone(),
+        image_digest: rec.image_digest.clone(),
         instance: rec.instance,
         context: ContextRecord {
             record: format!("{id}/k{}", req.prefix),

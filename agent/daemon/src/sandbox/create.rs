@@ -5,18 +5,19 @@
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use belayer_ipc::{ErrorCode, SandboxSpec, UsernsMode};
 use belayer_overlay::{MountOptions, OverlayMount};
 
+use super::image_config::apply_image_config;
 use super::instance::make_instance_dir;
 use super::{RecordError, SandboxPaths, SandboxRecord, SandboxSlot, SandboxState};
 use crate::cgroup::{CgroupError, CpuMax, SandboxCgroup};
 use crate::helper::init::{SECCOMP_FD, USERNS_FD};
 use crate::helper::HELPER_ARG;
-use crate::images::{valid_name, ImageError};
+use crate::images::{valid_tag as valid_name, ImageError};
 use crate::runtime::Runtime;
 use crate::store::{CheckpointStore, StoreError};
 use crate::sys;
@@ -143,7 +144,8 @@ pub fn create(
             "cpus must be between 0.01 and 65536".into(),
         ));
     }
-    let lower = rt.images.rootfs(&spec.image)?;
+    let (lowers, image) = rt.images.lowers(&spec.image)?;
+    apply_image_config(&mut spec, &image)?;
     if let Some((k, _)) = spec.env.iter().find(|(k, v)| !valid_env(k, v)) {
         return Err(CreateError::InvalidSpec(format!(
             "bad environment variable {k:?}"
@@ -185,11 +187,12 @@ pub fn create(
         userns,
         owner_uid,
         inherited_bytes: 0,
+        image_digest: image.digest.clone(),
     };
     let result = (|| {
         CheckpointStore::create(&paths.checkpoints())?;
         make_instance_dir(rt, &paths, 0, rec.spec.disk_max)?;
-        let up = Instance::prepare(rt, &rec, &paths, 0, &lower)?;
+        let up = Instance::prepare(rt, &rec, &paths, 0, &lowers)?;
         let (pid, start) = up.spawn_init(rt, &rec, &paths)?;
         wait_init_settled(pid, INIT_SETTLE_MAX);
         rec.init_pid = Some(pid);
@@ -290,9 +293,9 @@ impl Instance {
         rec: &SandboxRecord,
         paths: &SandboxPaths,
         n: u32,
-        lower: &Path,
+        lowers: &[PathBuf],
     ) -> Result<Instance, CreateError> {
-        let mut instance = Self::mount_only(rt, rec, paths, n, lower)?;
+        let mut instance = Self::mount_only(rt, rec, paths, n, lowers)?;
         instance.create_cgroup(rt, rec)?;
         Ok(instance)
     }
@@ -305,7 +308,7 @@ impl Instance {
         rec: &SandboxRecord,
         paths: &SandboxPaths,
         n: u32,
-        lower: &Path,
+        lowers: &[PathBuf],
     ) -> Result<Instance, CreateError> {
         let upper = paths.upper(n);
         // Fresh: missing or empty (a restore without checkpoint makes an empty one); an
@@ -339,8 +342,9 @@ impl Instance {
             // Decodable file handles: CRIU resolves inotify watches through them.
             nfs_export: true,
         };
+        let lowers: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
         let mount =
-            OverlayMount::mount_with(&[lower], &upper, &paths.work(n), &paths.merged(n), &opts)?;
+            OverlayMount::mount_with(&lowers, &upper, &paths.work(n), &paths.merged(n), &opts)?;
         Ok(Instance {
             mount: Some(mount),
             cgroup: None,

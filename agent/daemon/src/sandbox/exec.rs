@@ -195,9 +195,21 @@ pub fn exec(rt: &Runtime, slot: &SandboxSlot, req: &ExecRequest) -> Result<ExecR
             cmd.flag("--stdin-owner", id.to_string());
         }
     }
-    cmd.flag("--env", format!("PATH={SANDBOX_PATH}"));
-    cmd.flag("--env", "HOME=/root");
-    for (k, v) in rec.spec.env.iter().chain(req.env.iter()) {
+    let user = rec.spec.user.as_deref().and_then(parse_user);
+    if let Some((uid, gid)) = user.filter(|&(uid, _)| uid != 0) {
+        cmd.flag("--user", format!("{uid}:{gid}"));
+    }
+    let home = if user.is_some_and(|(uid, _)| uid != 0) {
+        "/"
+    } else {
+        "/root"
+    };
+    let defaults = [
+        ("PATH".to_string(), SANDBOX_PATH.to_string()),
+        ("HOME".to_string(), home.to_string()),
+    ];
+    let all = defaults.iter().chain(&rec.spec.env).chain(&req.env);
+    for (k, v) in merge_env(all) {
         cmd.flag("--env", format!("{k}={v}"));
     }
     let cmd = cmd.finish(command_line(&req.argv));
@@ -322,6 +334,31 @@ fn read_bounded(file: &fs::File, limit: u64) -> std::io::Result<(Vec<u8>, bool)>
     }
     buf.truncate(off);
     Ok((buf, size > limit))
+}
+
+/// `uid` or `uid:gid` ([`belayer_ipc::SandboxSpec::user`]); a bare uid runs with gid 0, as
+/// in Docker. `None` for anything else (refused at creation, so never seen here).
+pub(crate) fn parse_user(s: &str) -> Option<(u32, u32)> {
+    match s.split_once(':') {
+        Some((u, g)) => Some((u.parse().ok()?, g.parse().ok()?)),
+        None => s.parse().ok().map(|u| (u, 0)),
+    }
+}
+
+/// The environment `vars` in order of first appearance of each key, each key with its last
+/// value (an action's variable overrides the sandbox's, which overrides the image's and the
+/// defaults).
+pub(crate) fn merge_env<'a>(
+    vars: impl IntoIterator<Item = &'a (String, String)>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for (k, v) in vars {
+        match out.iter_mut().find(|(key, _)| *key == k.as_str()) {
+            Some(slot) => slot.1 = v.as_str(),
+            None => out.push((k.as_str(), v.as_str())),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod create;
 pub mod exec;
 mod ghosts;
 mod helper_cmd;
+mod image_config;
 pub mod instance;
 pub mod net_lock;
 pub mod netns;
@@ -332,6 +333,8 @@ impl SandboxSlot {
             },
             env: rec.spec.env.clone(),
             workdir: rec.spec.workdir.clone(),
+            user: rec.spec.user.as_deref().and_then(exec::parse_user),
+            image_digest: rec.image_digest.clone(),
         }
     }
 }

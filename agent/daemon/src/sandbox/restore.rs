@@ -98,27 +98,40 @@ fn restore_locked(
         Some(m) => Some(store.load_layer(m).map_err(corrupt)?),
         None => None,
     };
-    let lower = rt
+    let (lowers, image) = rt
         .images
-        .rootfs(&rec.spec.image)
+        .lowers(&rec.spec.image)
         .map_err(CreateError::from)?;
     // The image under that name must still be one the sandbox's owner may run on.
-    match rt.images.meta(&rec.spec.image) {
-        Ok(meta) if !meta.serves(rec.owner_uid) => {
-            return Err(RestoreError::ForeignImage {
+    if !image.serves(rec.owner_uid) {
+        return Err(RestoreError::ForeignImage {
+            id: id.clone(),
+            image: rec.spec.image.clone(),
+            owner: Some(image.owner_uid),
+        });
+    }
+    // ... and the very image the checkpoint (or the sandbox) was made on.
+    let recorded = manifest
+        .as_ref()
+        .and_then(|m| m.image_digest.clone())
+        .or_else(|| rec.image_digest.clone());
+    if let (Some(expected), Some(found)) = (&recorded, &image.digest) {
+        if expected != found {
+            return Err(RestoreError::ImageChanged {
                 id: id.clone(),
                 image: rec.spec.image.clone(),
-                owner: Some(meta.owner_uid),
-            })
+                expected: expected.clone(),
+                found: found.clone(),
+            });
         }
-        Err(_) if rec.owner_uid != 0 => {
-            return Err(RestoreError::ForeignImage {
-                id: id.clone(),
-                image: rec.spec.image.clone(),
-                owner: None,
-            })
-        }
-        _ => {}
+    }
+    if recorded.is_some() && image.digest.is_none() {
+        return Err(RestoreError::ImageChanged {
+            id: id.clone(),
+            image: rec.spec.image.clone(),
+            expected: recorded.unwrap_or_default(),
+            found: "none".into(),
+        });
     }
 
     // 2. F_k into a fresh instance's upper dir, while every artifact digest and every blob
@@ -228,7 +241,7 @@ fn restore_locked(
     let t_mount = Instant::now();
     let mut snapshot = rec.clone();
     snapshot.instance = n;
-    let mut instance = Instance::mount_only(rt, &snapshot, &slot.paths, n, &lower)
+    let mut instance = Instance::mount_only(rt, &snapshot, &slot.paths, n, &lowers)
         .map_err(|e| discard(e.into()))?;
     if let Some(m) = &manifest {
         let images = store.path(&m.checkpoint).join("criu");

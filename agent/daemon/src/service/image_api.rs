@@ -4,10 +4,13 @@
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use belayer_ipc::{Caller, ErrorCode, ErrorReply, Response};
+use belayer_ipc::{Caller, ErrorCode, ErrorReply, OciImportRequest, PullRequest, Response};
 
 use super::access::{self, AccessError};
 use super::{error, Agent};
+use crate::images::oci::blobs::FdBlobs;
+use crate::images::oci::OciImport;
+use crate::images::registry::{RegistryError, RegistryOptions};
 use crate::images::{ImageError, ImportSource};
 
 impl Agent {
@@ -74,12 +77,59 @@ impl Agent {
                 owner: meta.owner_uid,
             }),
             Ok(_) => Ok(()),
-            Err(_) if !caller.is_root() && self.rt.images.rootfs(name).is_ok() => {
+            Err(_) if !caller.is_root() && self.rt.images.exists(name) => {
                 Err(AccessError::ImageOwnerUnknown {
                     name: name.to_string(),
                 })
             }
             Err(_) => Ok(()),
+        }
+    }
+
+    /// `PullImage`: fetches the image from its registry with the daemon's network access
+    /// (the credentials are the client's); the image belongs to the caller.
+    pub(super) fn pull_image(&self, caller: &Caller, req: &PullRequest) -> Response {
+        let cfg = &self.rt.config;
+        let opts = RegistryOptions {
+            insecure_hosts: cfg.insecure_registries.clone(),
+            retries: cfg.registry_retries,
+            timeout: std::time::Duration::from_secs(cfg.registry_timeout_s.max(1)),
+        };
+        match self.rt.images.pull(req, caller.cred.uid, &opts) {
+            Ok(info) => Response::Image(info),
+            Err(e) => {
+                tracing::info!(reference = %req.reference, uid = caller.cred.uid,
+                               error = %crate::sys::error_chain(&e), "image pull failed");
+                error(image_code(&e), &e)
+            }
+        }
+    }
+
+    /// `ImportOci`: an OCI layout or docker archive whose blobs the client opened and passed
+    /// as `fds`; the image belongs to the caller.
+    pub(super) fn import_oci(
+        &self,
+        caller: &Caller,
+        req: OciImportRequest,
+        fds: Vec<OwnedFd>,
+    ) -> Response {
+        let result = FdBlobs::new(&req.name, fds, req.layers).and_then(|mut blobs| {
+            let import = OciImport {
+                name: &req.name,
+                source: &req.source,
+                owner_uid: caller.cred.uid,
+                manifest: req.manifest.as_deref(),
+                config: &req.config,
+            };
+            self.rt.images.import_oci(&import, &mut blobs)
+        });
+        match result {
+            Ok(info) => Response::Image(info),
+            Err(e) => {
+                tracing::info!(image = %req.name, uid = caller.cred.uid,
+                               error = %crate::sys::error_chain(&e), "OCI import refused or failed");
+                error(image_code(&e), &e)
+            }
         }
     }
 
@@ -137,5 +187,33 @@ pub(super) fn image_code(e: &ImageError) -> ErrorCode {
         ImageError::AlreadyExists(_) => ErrorCode::AlreadyExists,
         ImageError::Unknown(_) => ErrorCode::UnknownImage,
         ImageError::Helper { .. } | ImageError::Store { .. } => ErrorCode::Internal,
+        ImageError::BadOci { .. }
+        | ImageError::DigestMismatch { .. }
+        | ImageError::BlobRead { .. }
+        | ImageError::LayerRefused { .. } => ErrorCode::CorruptImage,
+        ImageError::BadBlobs { .. } => ErrorCode::BadRequest,
+        ImageError::LayerMissing { .. } | ImageError::Inspect { .. } => ErrorCode::Internal,
+        ImageError::Registry { source, .. } => registry_code(source),
+    }
+}
+
+/// The wire code of a registry error.
+fn registry_code(e: &RegistryError) -> ErrorCode {
+    match e {
+        RegistryError::Unreachable { .. } | RegistryError::Setup { .. } => {
+            ErrorCode::RegistryUnreachable
+        }
+        RegistryError::Unauthorized { .. } | RegistryError::Auth { .. } => {
+            ErrorCode::RegistryDenied
+        }
+        RegistryError::NotFound { .. } => ErrorCode::NotFound,
+        RegistryError::BadReference { .. } => ErrorCode::BadRequest,
+        RegistryError::BadDigest { .. }
+        | RegistryError::BadManifest { .. }
+        | RegistryError::DigestMismatch { .. }
+        | RegistryError::BlobSize { .. } => ErrorCode::CorruptImage,
+        RegistryError::Status { .. } | RegistryError::Transport { .. } => {
+            ErrorCode::RegistryUnreachable
+        }
     }
 }

@@ -86,6 +86,11 @@ pub struct Manifest {
     /// into the namespace it runs in when the images leave it out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_netns: bool,
+    /// Digest of the image F_k lies over ([`crate::images::ImageMeta::digest`]): a restore
+    /// refuses an image under the same name whose digest differs (the upper layer would be
+    /// laid over other lower layers). Absent from older manifests and for images without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
     /// Subvolume id of the checkpoint's read-only upper snapshot (`upper.snap`, see
     /// [`super::snapshot`]), which a restore on this node installs instead of materializing
     /// F_k; absent when none was taken.

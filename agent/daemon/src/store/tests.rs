@@ -24,6 +24,7 @@ fn manifest(store: &CheckpointStore, staging: &Staging, prefix: u64) -> Manifest
         processes: vec![],
         ns_last_pid: None,
         own_netns: false,
+        image_digest: None,
         upper_snapshot: None,
         upper_bytes: None,
         timings_ms: Default::default(),

@@ -8,8 +8,10 @@ use crate::message::{ErrorCode, ErrorReply, Event, Request, Response};
 use crate::transport::creds::{Caller, PeerCred};
 
 /// Most descriptors one request frame may carry; a frame with more is a bad frame (its
-/// descriptors are closed, `BadRequest`, connection closed).
-pub const MAX_REQUEST_FDS: usize = 1;
+/// descriptors are closed, `BadRequest`, connection closed). `ImportImage` carries one,
+/// `ImportOci` one per layer file of an OCI layout; peers other than root hold at most 64
+/// connections together, so they can make the daemon hold at most 4096 such descriptors.
+pub const MAX_REQUEST_FDS: usize = 64;
 
 /// The daemon core as the server sees it: one request in, one response out.
 ///

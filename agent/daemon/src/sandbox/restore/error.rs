@@ -95,6 +95,20 @@ pub enum RestoreError {
         /// Its owner, when known.
         owner: Option<u32>,
     },
+    /// The sandbox's image now has another digest than the one its checkpoint (or the
+    /// sandbox) was made on: its upper layer would lie over other lower layers. Nothing was
+    /// touched; import the original image under that name again to restore.
+    #[error("image {image} of sandbox {id} changed: the checkpoint was taken on {expected}, the image is now {found}")]
+    ImageChanged {
+        /// Sandbox id.
+        id: String,
+        /// Image name.
+        image: String,
+        /// Digest recorded with the checkpoint.
+        expected: String,
+        /// Digest of the image under that name now (`none` when it has none).
+        found: String,
+    },
     /// Re-capturing the restored upper layer for the validity check failed.
     #[error("cannot re-capture the restored upper layer of sandbox {id}")]
     Verify {
@@ -157,6 +171,7 @@ impl RestoreError {
                 ErrorCode::CorruptCheckpoint
             }
             RestoreError::ForeignImage { .. } => ErrorCode::PermissionDenied,
+            RestoreError::ImageChanged { .. } => ErrorCode::ImageChanged,
             RestoreError::NoCheckpoint { .. } => ErrorCode::NotFound,
             RestoreError::Criu { source, .. }
                 if matches!(**source, belayer_criu::RestoreError::TimedOut { .. }) =>
