@@ -6,11 +6,15 @@
 //! `/var/cache/belayer/images/{busybox,bookworm-python}/rootfs`).
 //!
 //! Dependencies: `belayer-ipc` (the protocol client), `belayer-overlay` (blob names, to damage
-//! a stored blob on purpose), `libc` (signals), `serde`/`serde_json`, `tempfile`.
+//! a stored blob on purpose), `libc` (signals), `serde`/`serde_json`, `tempfile`, `sha2`
+//! (digests of hand-written OCI layouts, [`oci`]), `tar` (hand-written layer tars), `flate2`
+//! (gzip layers). The registry fixtures ([`registry`], [`oci`], [`oci_build`]) run Debian's
+//! `docker-registry`, `umoci`, `skopeo` and `htpasswd`.
 #![warn(missing_docs)]
 
 pub mod cli;
 pub mod oci;
+pub mod oci_build;
 pub mod peer;
 pub mod policy;
 pub mod registry;

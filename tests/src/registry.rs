@@ -1,6 +1,7 @@
 //! A real OCI registry for tests: Debian's `docker-registry` (distribution 2.8) serving a
 //! temp storage dir on a free port of 127.0.0.1, optionally behind htpasswd basic auth
 //! (bcrypt, made with `htpasswd -Bbn` from `apache2-utils`). Killed and cleaned on drop.
+//! [`FaultProxy`] sits in front of one to inject 5xx answers, stalls and cut transfers.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -197,4 +198,182 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
         .port()
+}
+
+/// What [`FaultProxy`] does to a matching request instead of forwarding it whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Answers this HTTP status with an empty body.
+    Status(u16),
+    /// Reads the request and never answers (until the proxy is dropped).
+    Stall,
+    /// Forwards the request but closes the connection after this many bytes of the
+    /// response (head included): a transfer cut mid-body.
+    CutAfter(u64),
+}
+
+/// A fault applied to the first `times` requests whose path contains `path_contains`.
+#[derive(Debug, Clone)]
+pub struct FaultRule {
+    /// Substring of the request path, e.g. `/manifests/` or `/blobs/`.
+    pub path_contains: String,
+    /// The fault.
+    pub fault: Fault,
+    /// How many matching requests get it (`usize::MAX`: all).
+    pub times: usize,
+}
+
+/// An HTTP proxy on 127.0.0.1 in front of a [`TestRegistry`] that injects [`Fault`]s, to
+/// test retries against the real registry. One request per connection (`Connection:
+/// close` both ways); stops (and releases stalled connections) on drop.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: String,
+    shared: std::sync::Arc<ProxyShared>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct ProxyShared {
+    backend: String,
+    rule: FaultRule,
+    stop: std::sync::atomic::AtomicBool,
+    requests: std::sync::atomic::AtomicUsize,
+    faults: std::sync::atomic::AtomicUsize,
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `backend` (`host:port`) applying `rule`.
+    pub fn start(backend: &str, rule: FaultRule) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("proxy addr").to_string();
+        let shared = std::sync::Arc::new(ProxyShared {
+            backend: backend.to_string(),
+            rule,
+            stop: false.into(),
+            requests: 0.into(),
+            faults: 0.into(),
+        });
+        let s = shared.clone();
+        let accept = std::thread::spawn(move || {
+            use std::sync::atomic::Ordering;
+            while !s.stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => {
+                        let s = s.clone();
+                        std::thread::spawn(move || {
+                            let _ = serve_one(&s, conn);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        FaultProxy {
+            addr,
+            shared,
+            accept: Some(accept),
+        }
+    }
+
+    /// `127.0.0.1:<port>` of the proxy.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Requests received so far.
+    pub fn requests(&self) -> usize {
+        self.shared
+            .requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Faults injected so far.
+    pub fn faults(&self) -> usize {
+        self.shared
+            .faults
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Reads a request head (up to 64 KiB) from `conn`.
+fn read_head(conn: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte)? == 0 || head.len() > 64 << 10 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.push(byte[0]);
+    }
+    Ok(head)
+}
+
+fn serve_one(s: &ProxyShared, mut conn: TcpStream) -> std::io::Result<()> {
+    use std::sync::atomic::Ordering;
+    conn.set_nonblocking(false)?;
+    let head = read_head(&mut conn)?;
+    s.requests.fetch_add(1, Ordering::Relaxed);
+    let text = String::from_utf8_lossy(&head).into_owned();
+    let path = text.split_whitespace().nth(1).unwrap_or("");
+    let mut fault = None;
+    if path.contains(&s.rule.path_contains) {
+        let n = s.faults.fetch_add(1, Ordering::Relaxed);
+        if n < s.rule.times {
+            fault = Some(s.rule.fault);
+        } else {
+            s.faults.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    match fault {
+        Some(Fault::Status(code)) => write!(
+            conn,
+            "HTTP/1.1 {code} Injected\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ),
+        Some(Fault::Stall) => {
+            while !s.stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Ok(())
+        }
+        cut => {
+            // Forward with `Connection: close`, so the response ends at EOF.
+            let mut request: Vec<String> = text
+                .split("\r\n")
+                .filter(|l| !l.is_empty() && !l.to_ascii_lowercase().starts_with("connection:"))
+                .map(str::to_string)
+                .collect();
+            request.push("Connection: close".to_string());
+            let mut backend = TcpStream::connect(&s.backend)?;
+            write!(backend, "{}\r\n\r\n", request.join("\r\n"))?;
+            let limit = match cut {
+                Some(Fault::CutAfter(n)) => n,
+                _ => u64::MAX,
+            };
+            let mut buf = vec![0u8; 64 << 10];
+            let mut sent = 0u64;
+            loop {
+                let n = backend.read(&mut buf)?;
+                if n == 0 || sent >= limit {
+                    break;
+                }
+                let n = n.min((limit - sent).min(usize::MAX as u64) as usize);
+                conn.write_all(&buf[..n])?;
+                sent += n as u64;
+            }
+            conn.shutdown(std::net::Shutdown::Both)
+        }
+    }
 }

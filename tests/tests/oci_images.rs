@@ -10,7 +10,7 @@ use std::path::Path;
 use belayer_ipc::{
     ErrorCode, ImageInfo, PullRequest, RegistryCredentials, Request, Response, SandboxSpec,
 };
-use belayer_tests::oci::{layer_tar, listing, run, Member, OciBuilder};
+use belayer_tests::oci_build::{layer_tar, listing, run, Member, OciBuilder};
 use belayer_tests::registry::TestRegistry;
 use belayer_tests::{busybox_rootfs, Daemon};
 

@@ -38,7 +38,15 @@
 //! restored process low; links the system's libseccomp ≥ 2.5; only `belayerd` calls it, once at
 //! start, so `belayer-helper` does not load it), `seccompiler` (only its
 //! `apply_filter`: installs an exported program without allocating, safe between `fork` and
-//! `execve`); `tar` and `tempfile` for tests only. At run time, not linked: `libnftables.so.1`
+//! `execve`), `oci-client` (the registry client of [`images::registry`]: image references
+//! and their Docker Hub defaults, the pull authentication handshake with bearer-token and
+//! basic challenges, manifest types; built with rustls, no OpenSSL), `reqwest` (the same HTTP
+//! client oci-client uses, for the manifest and blob GETs it cannot bound or stream without
+//! hashing twice), `tokio` (the one-worker runtime each registry connection owns; the daemon
+//! itself stays thread-based), `bytes` (the chunks of a blob stream), `sha2`/`hex` (OCI
+//! digests are sha256/sha512, unlike our blake3 artifact digests), `oci-spec` (OCI and Docker
+//! schema 2 manifests and image configs, parsed as untrusted input by [`images::oci`]);
+//! `tar` and `tempfile` for tests only. At run time, not linked: `libnftables.so.1`
 //! (`dlopen`ed by `sandbox::net_lock` to lock a restore's network namespace; the library CRIU is
 //! built with; without it restores go on unlocked).
 #![warn(missing_docs)]

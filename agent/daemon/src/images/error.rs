@@ -133,7 +133,7 @@ pub enum ImageError {
         digest: String,
         /// Cause.
         #[source]
-        source: InstallError,
+        source: Box<InstallError>,
     },
     /// A layer an image names is not in the layer store (the store was damaged by hand).
     #[error("image {image}: layer {diff_id} is missing from the layer store")]

@@ -481,7 +481,7 @@ mod tests {
         assert!(!valid_name(""));
         assert!(!valid_name(".hidden"));
         assert!(!valid_name("a//b"));
-        assert!(!valid_name(&"x".repeat(65)));
+        assert!(!valid_name(&"x".repeat(256)));
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl LayerStore {
         if let Ok(entries) = fs::read_dir(&store.dir) {
             for entry in entries.flatten() {
                 if entry.file_name().to_string_lossy().starts_with('.') {
-                    let _ = belayer_overlay::remove_dir_all(&entry.path());
+                    let _ = belayer_overlay::remove_dir_all(entry.path());
                 }
             }
         }

@@ -29,6 +29,8 @@ pub(super) fn sandbox_info(id: &str) -> SandboxInfo {
         },
         env: vec![("LANG".to_owned(), "C".to_owned())],
         workdir: Some("/work".to_owned()),
+        user: Some((1000, 1000)),
+        image_digest: Some(format!("sha256:{}", "ab".repeat(32))),
     }
 }
 
@@ -60,6 +62,23 @@ pub(super) fn image_info() -> ImageInfo {
         owner_uid: 1000,
         dropped_devices: 6,
         skipped_sockets: 1,
+        digest: Some(format!("sha256:{}", "cd".repeat(32))),
+        source: "localhost:5000/swe/task:1".to_owned(),
+        kind: "oci".to_owned(),
+        layers: vec![crate::LayerInfo {
+            diff_id: format!("sha256:{}", "ef".repeat(32)),
+            bytes: 4096,
+            entries: 12,
+            images: 2,
+        }],
+        config: Some(crate::ImageConfig {
+            env: vec![("A".to_owned(), "1".to_owned())],
+            workdir: Some("/w".to_owned()),
+            user: Some("app".to_owned()),
+            user_ids: Some((1000, 1000)),
+            entrypoint: vec![],
+            cmd: vec!["sh".to_owned()],
+        }),
     }
 }
 
@@ -89,9 +108,11 @@ pub(super) fn request_variant(request: &Request) -> usize {
         Request::UploadChunk { .. } => 20,
         Request::TransferCancel => 21,
         Request::Download(_) => 22,
+        Request::PullImage(_) => 23,
+        Request::ImportOci(_) => 24,
     }
 }
-pub(super) const REQUEST_VARIANTS: usize = 23;
+pub(super) const REQUEST_VARIANTS: usize = 25;
 
 pub(super) fn response_variant(response: &Response) -> usize {
     match response {
@@ -140,6 +161,7 @@ pub(super) fn all_requests() -> Vec<Request> {
             userns: Some(crate::UsernsMode::Host),
             disk_max: Some(10 << 30),
             workdir: Some("/srv/task".to_owned()),
+            user: Some("1000:1000".to_owned()),
         }),
         Request::ListSandboxes,
         Request::InspectSandbox {
@@ -240,6 +262,26 @@ pub(super) fn all_requests() -> Vec<Request> {
             id: "sb-1".to_owned(),
             src: "/var/log".to_owned(),
             timeout_ms: None,
+        }),
+        Request::PullImage(crate::PullRequest {
+            reference: "localhost:5000/swe/task:1".to_owned(),
+            name: None,
+            credentials: crate::RegistryCredentials::Basic {
+                username: "u".to_owned(),
+                password: "p".to_owned(),
+            },
+            insecure: true,
+        }),
+        Request::ImportOci(crate::OciImportRequest {
+            name: "task".to_owned(),
+            source: "oci:/layouts/task:1".to_owned(),
+            manifest: Some(b"{}".to_vec()),
+            config: b"{}".to_vec(),
+            layers: vec![crate::BlobRange {
+                fd: 0,
+                offset: 512,
+                len: 1024,
+            }],
         }),
     ]
 }

@@ -287,7 +287,7 @@ impl ImageStore {
                     image: image.to_string(),
                     index,
                     digest: shown.clone(),
-                    source,
+                    source: Box::new(source),
                 });
             }
         };

@@ -185,22 +185,20 @@ impl Registry {
             reason,
         };
         let (bytes, content_type) = self.fetch_manifest(&target)?;
-        let kind = classify(&bytes, content_type.as_deref()).map_err(bad)?;
+        // Integrity first: a mismatch is reported as such, even for bytes that do not parse.
         let actual = digest_like(wanted.as_deref(), &bytes);
         if let Some(expected) = &wanted {
             if *expected != actual {
+                let index = classify(&bytes, content_type.as_deref()) == Ok(Kind::Index);
                 return Err(RegistryError::DigestMismatch {
                     reference,
-                    what: if kind == Kind::Index {
-                        "index"
-                    } else {
-                        "manifest"
-                    },
+                    what: if index { "index" } else { "manifest" },
                     expected: expected.clone(),
                     actual,
                 });
             }
         }
+        let kind = classify(&bytes, content_type.as_deref()).map_err(bad)?;
         if kind == Kind::Image {
             check_image(&bytes).map_err(bad)?;
             return Ok((bytes, actual));
