@@ -433,3 +433,66 @@ fn a_restore_refuses_an_image_whose_digest_changed() {
     let restored = d.restore(&sb.id);
     assert_eq!(restored.context, b"L_1");
 }
+
+#[test]
+fn the_cli_pulls_with_an_auth_file_lists_layers_and_removes() {
+    use base64::Engine as _;
+    let work = tempfile::tempdir_in("/var/tmp").unwrap();
+    let mut b = OciBuilder::new(
+        &work.path().join("layout"),
+        "t",
+        &work.path().join("scratch"),
+    );
+    b.layer(|root| {
+        run(std::process::Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", busybox_rootfs().display()))
+            .arg(root));
+    });
+    let registry = TestRegistry::start_with_basic_auth("bob", "pw-1");
+    let reference = b.push(&registry, "cli/img:1");
+    let d = Daemon::start();
+    let authfile = work.path().join("config.json");
+    let auth = base64::engine::general_purpose::STANDARD.encode("bob:pw-1");
+    fs::write(
+        &authfile,
+        serde_json::to_vec(&serde_json::json!({"auths": {registry.addr(): {"auth": auth}}}))
+            .unwrap(),
+    )
+    .unwrap();
+    let cli = |args: &[&str]| belayer_tests::cli::belayer_json(&d, args);
+    let out = cli(&["image", "pull", &reference, "--name", "mine"]);
+    assert!(!out.status.success());
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(err["error"], "RegistryDenied", "{err}");
+    let out = cli(&[
+        "image",
+        "pull",
+        &reference,
+        "--name",
+        "mine",
+        "--authfile",
+        authfile.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ls: serde_json::Value = serde_json::from_slice(&cli(&["image", "ls"]).stdout).unwrap();
+    let mine = &ls.as_array().unwrap()[0];
+    assert_eq!(mine["name"], "mine");
+    assert_eq!(mine["source"], reference.as_str());
+    assert!(
+        mine["layers"][0]["bytes"].as_u64().unwrap() > 1_000_000,
+        "{mine}"
+    );
+    let out = cli(&["image", "rm", "mine"]);
+    assert!(out.status.success());
+    assert_eq!(
+        fs::read_dir(d.state_dir.join("layers/sha256"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
