@@ -47,6 +47,11 @@ pub fn init_logs(default: &str) {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal (never in a file, a pipe or journald), unless NO_COLOR.
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none(),
+        )
         .init();
 }
 

@@ -42,17 +42,47 @@ struct Args {
     /// overrides `default_disk_max_bytes`.
     #[arg(long, env = "BELAYER_DEFAULT_DISK_MAX", value_parser = belayer_ipc::parse_bytes)]
     default_disk_max: Option<u64>,
+    /// Log format on stderr: `text` (ANSI colours only when stderr is a terminal and
+    /// `NO_COLOR` is unset) or `json` (one object per line: timestamp, level, target,
+    /// fields; for journald and log collectors).
+    #[arg(long, env = "BELAYER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the subscriber: `BELAYER_LOG` (an `EnvFilter` directive, default `info`) to
+/// stderr in `format`.
+fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+    }
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    init_logs(args.log_format);
+    if let Err(e) = run(args) {
         tracing::error!("{e:#}");
         eprintln!("belayerd: {e:#}");
         std::process::exit(1);
