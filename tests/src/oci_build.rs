@@ -11,18 +11,9 @@ use sha2::{Digest as _, Sha256};
 
 use crate::registry::TestRegistry;
 
-/// Runs `cmd`, panicking with its output when it fails.
+/// Runs `cmd`, panicking with its output when it fails ([`crate::oci`]'s).
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::oci::run(cmd)
 }
 
 /// An OCI image layout with one tagged image, built step by step with `umoci`.
@@ -74,6 +65,16 @@ impl OciBuilder {
             .arg(&bundle));
         let _ = fs::remove_dir_all(&bundle);
         self
+    }
+
+    /// A layer holding the busybox test rootfs ([`crate::busybox_rootfs`]).
+    pub fn busybox_layer(&mut self) -> &mut Self {
+        self.layer(|root| {
+            run(Command::new("cp")
+                .arg("-a")
+                .arg(format!("{}/.", crate::busybox_rootfs().display()))
+                .arg(root));
+        })
     }
 
     /// Appends `tar` (uncompressed) verbatim as a layer (`umoci raw add-layer`).

@@ -252,12 +252,7 @@ fn a_docker_archive_imports_and_runs() {
         "t",
         &work.path().join("scratch"),
     );
-    b.layer(|root| {
-        run(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", busybox_rootfs().display()))
-            .arg(root));
-    });
+    b.busybox_layer();
     b.layer(|root| fs::write(root.join("hello"), "from the archive\n").unwrap());
     b.config(&["--config.env=ARCHIVED=yes", "--config.workingdir=/"]);
     let archive = work.path().join("img.tar");

@@ -298,12 +298,7 @@ fn registry_failures_name_the_reference() {
         "t",
         &work.path().join("scratch"),
     );
-    b.layer(|root| {
-        run(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", busybox_rootfs().display()))
-            .arg(root));
-    });
+    b.busybox_layer();
     let d = Daemon::start();
 
     // Basic auth: right, wrong, none.
@@ -387,12 +382,7 @@ fn a_restore_refuses_an_image_whose_digest_changed() {
     let work = tempfile::tempdir_in("/var/tmp").unwrap();
     let registry = TestRegistry::start();
     let mut one = OciBuilder::new(&work.path().join("l1"), "t", &work.path().join("s1"));
-    one.layer(|root| {
-        run(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", busybox_rootfs().display()))
-            .arg(root));
-    });
+    one.busybox_layer();
     let r1 = one.push(&registry, "img/one:1");
     one.layer(|root| fs::write(root.join("other"), "other\n").unwrap());
     let r2 = one.push(&registry, "img/two:1");
@@ -443,12 +433,7 @@ fn the_cli_pulls_with_an_auth_file_lists_layers_and_removes() {
         "t",
         &work.path().join("scratch"),
     );
-    b.layer(|root| {
-        run(std::process::Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", busybox_rootfs().display()))
-            .arg(root));
-    });
+    b.busybox_layer();
     let registry = TestRegistry::start_with_basic_auth("bob", "pw-1");
     let reference = b.push(&registry, "cli/img:1");
     let d = Daemon::start();

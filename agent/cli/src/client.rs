@@ -16,7 +16,12 @@ pub struct DaemonError {
 
 /// Sends `req`, turning an error answer into [`DaemonError`].
 pub fn call(client: &mut Client, req: Request) -> Result<Response> {
-    match client.call(req).context("talking to belayerd")? {
+    answer(client.call(req).context("talking to belayerd")?)
+}
+
+/// A daemon's answer: an error reply becomes a [`DaemonError`].
+pub fn answer(response: Response) -> Result<Response> {
+    match response {
         Response::Error(e) => Err(DaemonError {
             code: e.code,
             message: e.message,
@@ -34,14 +39,7 @@ pub fn import_image(client: &mut Client, name: &str, path: &std::path::Path) -> 
         open @ belayer_ipc::ClientError::OpenSource { .. } => anyhow::Error::new(open),
         other => anyhow::Error::new(other).context("talking to belayerd"),
     })?;
-    match response {
-        Response::Error(e) => Err(DaemonError {
-            code: e.code,
-            message: e.message,
-        }
-        .into()),
-        r => Ok(r),
-    }
+    answer(response)
 }
 
 /// Connects to the daemon.

@@ -11,7 +11,7 @@ use belayer_ipc::{Client, PullRequest, RegistryCredentials, Request, Response};
 use serde_json::Value;
 
 use crate::args::PullArgs;
-use crate::client::{call, import_image, DaemonError};
+use crate::client::{answer, call, import_image};
 
 /// Imports `source` (`oci:…`, `docker-archive:…` or a path) as image `name`.
 pub fn import(client: &mut Client, name: &str, source: &str) -> Result<Response> {
@@ -19,17 +19,11 @@ pub fn import(client: &mut Client, name: &str, source: &str) -> Result<Response>
         None => import_image(client, name, Path::new(source)),
         Some(spec) => {
             let parts = spec.open()?;
-            let response = client
-                .import_oci(name, &parts)
-                .context("talking to belayerd")?;
-            match response {
-                Response::Error(e) => Err(DaemonError {
-                    code: e.code,
-                    message: e.message,
-                }
-                .into()),
-                r => Ok(r),
-            }
+            answer(
+                client
+                    .import_oci(name, &parts)
+                    .context("talking to belayerd")?,
+            )
         }
     }
 }

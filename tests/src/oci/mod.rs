@@ -25,8 +25,8 @@ pub use layout::{
 
 use crate::registry::TestRegistry;
 
-/// Runs `cmd`, panicking with its output when it fails.
-fn run(cmd: &mut Command) {
+/// Runs `cmd`, panicking with its output when it fails; returns its stdout.
+pub(crate) fn run(cmd: &mut Command) -> String {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
@@ -36,6 +36,7 @@ fn run(cmd: &mut Command) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Image configuration set with `umoci config` (empty fields are left as they are).

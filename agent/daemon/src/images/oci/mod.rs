@@ -234,6 +234,13 @@ impl ImageStore {
             digest: shown.clone(),
             source,
         };
+        let blob_mismatch = |b: &LayerBlob, got: String, bytes: u64| ImageError::DigestMismatch {
+            image: image.to_string(),
+            what: what.clone(),
+            expected: format!("{} ({} bytes)", b.digest, b.size),
+            got,
+            bytes,
+        };
         let staging = self.layers().stage()?;
         let raw = blobs.open_layer(index, blob).map_err(read_err)?;
         let mut outer = Hashing::new(raw);
@@ -274,13 +281,7 @@ impl ImageStore {
                     let left = b.size.saturating_sub(outer.count()) + 1;
                     let _ = std::io::copy(&mut (&mut outer).take(left), &mut std::io::sink());
                     if outer.digest() != b.digest || outer.count() != b.size {
-                        return Err(ImageError::DigestMismatch {
-                            image: image.to_string(),
-                            what,
-                            expected: format!("{} ({} bytes)", b.digest, b.size),
-                            got: outer.digest(),
-                            bytes: outer.count(),
-                        });
+                        return Err(blob_mismatch(b, outer.digest(), outer.count()));
                     }
                 }
                 return Err(ImageError::LayerRefused {
@@ -306,13 +307,7 @@ impl ImageStore {
         if let Some(b) = blob {
             let got = outer.digest();
             if got != b.digest || outer.count() != b.size {
-                return Err(ImageError::DigestMismatch {
-                    image: image.to_string(),
-                    what,
-                    expected: format!("{} ({} bytes)", b.digest, b.size),
-                    got,
-                    bytes: outer.count(),
-                });
+                return Err(blob_mismatch(b, got, outer.count()));
             }
         }
         let meta = LayerMeta {
