@@ -39,12 +39,13 @@ fn keys(v: &Value) -> Vec<&str> {
     k
 }
 
-const SANDBOX_KEYS: [&str; 14] = [
+const SANDBOX_KEYS: [&str; 16] = [
     "cgroup",
     "created_unix_ms",
     "env",
     "id",
     "image",
+    "image_digest",
     "init_pid",
     "instance",
     "limits",
@@ -52,6 +53,7 @@ const SANDBOX_KEYS: [&str; 14] = [
     "ready_prefix",
     "state",
     "tag",
+    "user",
     "userns",
     "workdir",
 ];
@@ -82,13 +84,20 @@ fn every_command_prints_its_documented_json() {
         keys(&images[0]),
         [
             "bytes",
+            "config",
             "created_unix_ms",
+            "digest",
             "dropped_devices",
+            "kind",
+            "layers",
             "name",
             "owner_uid",
-            "skipped_sockets"
+            "skipped_sockets",
+            "source"
         ]
     );
+    assert_eq!(images[0]["kind"], "flat");
+    assert!(images[0]["digest"].as_str().unwrap().starts_with("blake3:"));
 
     let created = ok(
         &d,
