@@ -139,7 +139,21 @@ install_python_test_deps() {
     python3 -m pip install --quiet pytest >&2
   fi
   install_minisweagent
+  install_prometheus_client
   log "python: $(python3 --version 2>&1), $(python3 -m pytest --version 2>&1 | head -1)"
+}
+
+# The Prometheus project's Python client: its OpenMetrics parser checks the scrapes of the
+# metrics tests (tests/tests/metrics.rs); nothing when the pinned version is there.
+PROMETHEUS_CLIENT_VERSION=0.26.0
+install_prometheus_client() {
+  local have
+  have=$(python3 -c 'import importlib.metadata as m; print(m.version("prometheus_client"))' 2>/dev/null || true)
+  if [ "$have" != "$PROMETHEUS_CLIENT_VERSION" ]; then
+    log "installing prometheus_client $PROMETHEUS_CLIENT_VERSION${have:+ (had $have)}"
+    python3 -m pip install --quiet --disable-pip-version-check \
+      "prometheus_client==$PROMETHEUS_CLIENT_VERSION" >&2
+  fi
 }
 
 # The version of mini-swe-agent that python/pyproject.toml pins in its `minisweagent` extra.

@@ -128,6 +128,19 @@ pub enum Fault {
     CgroupEmpty,
 }
 
+impl Fault {
+    /// A short name of the kind of fault, for metrics and logs: `init_exited`,
+    /// `external_kill`, `oom` or `cgroup_empty`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::InitExited { .. } => "init_exited",
+            Fault::ExternalKill { .. } => "external_kill",
+            Fault::Oom { .. } => "oom",
+            Fault::CgroupEmpty => "cgroup_empty",
+        }
+    }
+}
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -114,6 +114,7 @@ pub use transport::{
     WireError, DEFAULT_SOCKET_MODE, MAX_FDS_PER_MESSAGE, MAX_REQUEST_FDS,
 };
 pub use transport::{chunk_bytes, Chunk, DownloadSource, LinkError, TransferLink, UploadSink};
+pub use transport::{ServerCounts, ServerStats};
 
 pub use policy::{BadDecisionReason, BadPolicyKind, DecisionReason, PolicyKind};
 pub use state::{BadSandboxState, SandboxState};

@@ -62,6 +62,12 @@ pub struct Config {
     pub registry_retries: u32,
     /// Timeout of one registry request (connect and each read), seconds.
     pub registry_timeout_s: u64,
+    /// Address (`IP:PORT`) of the Prometheus metrics endpoint (`GET /metrics`); `None`
+    /// (the default): no endpoint.
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Allow [`Self::metrics_listen`] on an address other than loopback (the metrics name
+    /// images and count sandboxes; by default only this node may read them).
+    pub metrics_allow_remote: bool,
     /// Longest wait for a cgroup to freeze, milliseconds.
     pub freeze_timeout_ms: u64,
     /// Wall-clock limit on every CRIU dump and restore, milliseconds: this base plus
@@ -188,6 +194,8 @@ impl Default for Config {
             insecure_registries: Vec::new(),
             registry_retries: 3,
             registry_timeout_s: 30,
+            metrics_listen: None,
+            metrics_allow_remote: false,
             freeze_timeout_ms: 10_000,
             criu_time_limit_base_ms: 60_000,
             criu_time_limit_per_gib_ms: 4_000,
@@ -439,6 +447,15 @@ impl Config {
                 field: "context_max_bytes",
                 reason: "must be between 1 and 64 MiB less 1 KiB (what one log record holds)",
             });
+        }
+        if let Some(addr) = self.metrics_listen {
+            if !addr.ip().is_loopback() && !self.metrics_allow_remote {
+                return Err(ConfigError::Invalid {
+                    field: "metrics_listen",
+                    reason: "not a loopback address: set metrics_allow_remote = true to serve \
+                             metrics beyond this node",
+                });
+            }
         }
         if self.freeze_timeout_ms == 0 {
             return Err(ConfigError::Invalid {

@@ -21,6 +21,7 @@
 //! - [`helper`]: single-threaded helper processes that create and enter namespaces;
 //! - [`trace`]: the sandbox tracer (crate `belayer-ebpf`): instant fail-stop detection,
 //!   infrastructure-fault classification and per-action dirtiness;
+//! - [`metrics`]: Prometheus metrics and the bounded HTTP endpoint that serves them;
 //! - [`config`], [`runtime`], [`stage`], [`sys`], [`userns`].
 //!
 //! Dependencies and why: `belayer-ipc` (protocol and server), `belayer-context` (the L_k logs
@@ -45,7 +46,10 @@
 //! hashing twice), `tokio` (the one-worker runtime each registry connection owns; the daemon
 //! itself stays thread-based), `bytes` (the chunks of a blob stream), `sha2`/`hex` (OCI
 //! digests are sha256/sha512, unlike our blake3 artifact digests), `oci-spec` (OCI and Docker
-//! schema 2 manifests and image configs, parsed as untrusted input by [`images::oci`]);
+//! schema 2 manifests and image configs, parsed as untrusted input by [`images::oci`]),
+//! `prometheus-client` (the Prometheus project's client: metric types and the OpenMetrics
+//! text encoding of [`metrics`]), `httparse` (parses the request heads of the metrics
+//! endpoint; the listener around it is ours, to bound threads, bytes and time per client);
 //! `tar` and `tempfile` for tests only. At run time, not linked: `libnftables.so.1`
 //! (`dlopen`ed by `sandbox::net_lock` to lock a restore's network namespace; the library CRIU is
 //! built with; without it restores go on unlocked).
@@ -55,6 +59,7 @@ pub mod cgroup;
 pub mod config;
 pub mod helper;
 pub mod images;
+pub mod metrics;
 pub mod policy;
 pub mod quota;
 pub mod record;

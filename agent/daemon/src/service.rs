@@ -15,7 +15,7 @@ use belayer_ipc::{
     PROTOCOL_VERSION,
 };
 
-use crate::cgroup::{CgroupLayout, SandboxCgroup};
+use crate::cgroup::CgroupLayout;
 use crate::runtime::Runtime;
 use crate::sandbox::{self, SandboxSlot, SandboxState};
 use crate::store::CheckpointStore;
@@ -27,10 +27,12 @@ mod brief;
 pub mod contexts;
 mod create_api;
 mod image_api;
+mod metrics_api;
 mod reap;
 pub mod rollout_api;
 mod start;
 mod transfer_api;
+mod verbs;
 
 pub use start::StartError;
 
@@ -56,6 +58,10 @@ pub struct Agent {
     creating: create_api::Creating,
     /// `(sandbox, instance)` pairs already announced as failed.
     failed_seen: Mutex<std::collections::HashSet<(String, u32)>>,
+    /// Prometheus metric families (served by [`crate::metrics::http`] when configured).
+    metrics: crate::metrics::Metrics,
+    /// Store sizes for the metrics, measured at most every few seconds.
+    store_sizes: metrics_api::StoreSizes,
 }
 
 fn error(code: ErrorCode, e: &dyn std::error::Error) -> Response {
@@ -168,6 +174,7 @@ impl Agent {
     /// A fault the sandbox tracer saw (init exited, process killed from outside or by the OOM
     /// killer): marks a running sandbox failed at once and announces it (once per instance).
     fn on_fault(&self, id: &str, fault: &belayer_ebpf::Fault) {
+        self.metrics.infra_fault(fault.kind());
         let Some(slot) = self.slot(id) else { return };
         if !slot.fail() {
             return;
@@ -201,6 +208,8 @@ impl Agent {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert((rec.id.clone(), rec.instance));
             if fresh {
+                // Seen by the reaper, not the tracer (which counts its own faults).
+                self.metrics.infra_fault("init_gone");
                 self.publish(Event::SandboxFailed {
                     id: rec.id.clone(),
                     reason: format!("the init of instance {} is gone", rec.instance),
@@ -209,72 +218,6 @@ impl Agent {
         }
         let live: std::collections::HashSet<String> = self.registry().keys().cloned().collect();
         self.policies.retain(|id| live.contains(id));
-    }
-
-    fn maybe_checkpoint(
-        &self,
-        caller: &Caller,
-        req: belayer_ipc::MaybeCheckpointRequest,
-    ) -> Response {
-        let Some(slot) = self.slot_for(caller, &req.id) else {
-            return unknown(&req.id);
-        };
-        // Read under the op lock, so a restore or an action in flight is not half seen; a
-        // sandbox that cannot checkpoint is never "clean".
-        let (instance, dirty) = {
-            let _op = slot.lock_op();
-            let rec = slot.refresh();
-            let dirty = if rec.state.can_checkpoint() && rec.init_alive() {
-                match slot.changes.since_ready() {
-                    // Clean up to the last action; and since, what background processes did.
-                    Some(false) => match SandboxCgroup::open(&rec.cgroup) {
-                        Ok(cg) => self.rt.tracer.changed_since_mark(
-                            &rec,
-                            &cg,
-                            &slot.paths.upper(rec.instance),
-                        ),
-                        Err(_) => None,
-                    },
-                    other => other,
-                }
-            } else {
-                None
-            };
-            (rec.instance, dirty)
-        };
-        let pending = match self.policies.decide(&req, instance, dirty) {
-            Ok(p) => p,
-            Err(e) => return error(ErrorCode::BadRequest, &e),
-        };
-        let decision = rollout_api::decision_info(&pending.decision);
-        if !pending.decision.checkpoint {
-            return Response::MaybeCheckpoint(belayer_ipc::MaybeCheckpointResult {
-                checkpointed: false,
-                decision,
-                checkpoint: None,
-            });
-        }
-        let started = std::time::Instant::now();
-        let creq = belayer_ipc::CheckpointRequest {
-            id: req.id.clone(),
-            prefix: req.prefix,
-            context: req.context,
-            fault: None,
-        };
-        let result = sandbox::checkpoint::checkpoint(&self.rt, &slot, &creq);
-        self.policies
-            .checkpoint_done(&pending, started.elapsed().as_secs_f64(), result.is_ok());
-        match result {
-            Ok(info) => {
-                self.publish(rollout_api::checkpoint_ready(&info));
-                Response::MaybeCheckpoint(belayer_ipc::MaybeCheckpointResult {
-                    checkpointed: true,
-                    decision,
-                    checkpoint: Some(info),
-                })
-            }
-            Err(e) => error(e.code(), &e),
-        }
     }
 
     /// Reaps exited sandbox processes and CRIU's orphans (our children, directly or as
@@ -368,14 +311,22 @@ impl Agent {
                 name,
                 source,
                 with_fd,
-            } => self.import_image(caller, &name, source, with_fd, fds),
+            } => {
+                let answer = self.import_image(caller, &name, source, with_fd, fds);
+                self.store_sizes.images_changed();
+                answer
+            }
             Request::ListImages => match self.rt.images.list() {
                 Ok(v) => Response::Images(v),
                 Err(e) => error(ErrorCode::Internal, &e),
             },
-            Request::RemoveImage { name } => self.remove_image(caller, &name),
-            Request::PullImage(req) => self.pull_image(caller, &req),
-            Request::ImportOci(req) => self.import_oci(caller, req, fds),
+            Request::RemoveImage { name } => {
+                let answer = self.remove_image(caller, &name);
+                self.store_sizes.images_changed();
+                answer
+            }
+            Request::PullImage(req) => self.counted_pull(self.pull_image(caller, &req)),
+            Request::ImportOci(req) => self.counted_pull(self.import_oci(caller, req, fds)),
             Request::CreateSandbox(spec) => self.create_sandbox(caller, spec),
             Request::ListSandboxes => {
                 let slots = self.slots_for(caller);
@@ -398,46 +349,11 @@ impl Agent {
                 },
                 None => unknown(&id),
             },
-            Request::Exec(req) => match self.slot_for(caller, &req.id) {
-                Some(slot) => match sandbox::exec::exec(&self.rt, &slot, &req) {
-                    Ok(r) => Response::Exec(r),
-                    Err(e) => error(e.code(), &e),
-                },
-                None => unknown(&req.id),
-            },
-            Request::Checkpoint(req) => match self.slot_for(caller, &req.id) {
-                Some(slot) => match sandbox::checkpoint::checkpoint(&self.rt, &slot, &req) {
-                    Ok(info) => {
-                        self.publish(rollout_api::checkpoint_ready(&info));
-                        Response::Checkpoint(info)
-                    }
-                    Err(e) => error(e.code(), &e),
-                },
-                None => unknown(&req.id),
-            },
-            Request::Restore { id, verify, prefix } => match self.slot_for(caller, &id) {
-                Some(slot) => {
-                    let restore = || sandbox::restore::restore(&self.rt, &slot, verify, prefix);
-                    let mut restored = restore();
-                    if let Err(e) = &restored {
-                        if e.is_criu_trap() {
-                            tracing::warn!(sandbox = %id, error = %e, "restore failed on a task's SIGTRAP; trying once more");
-                            restored = restore();
-                        }
-                    }
-                    match restored {
-                        Ok(info) => {
-                            if !info.dropped_prefixes.is_empty() {
-                                // The dropped checkpoints' blobs may be garbage now.
-                                self.collect_blobs();
-                            }
-                            Response::Restored(info)
-                        }
-                        Err(e) => error(e.code(), &e),
-                    }
-                }
-                None => unknown(&id),
-            },
+            Request::Exec(req) => self.exec_action(caller, &req),
+            Request::Checkpoint(req) => self.checkpoint_now(caller, &req),
+            Request::Restore { id, verify, prefix } => {
+                self.restore_now(caller, &id, verify, prefix)
+            }
             Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
                 Some(slot) => {
                     let list =

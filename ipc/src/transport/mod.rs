@@ -25,6 +25,7 @@ pub use server::{
     ConnectionLimits, Handler, LimitsError, Quota, Server, ServerConfig, ServerError, ServerHandle,
     ShutdownTrigger, DEFAULT_SOCKET_MODE, MAX_REQUEST_FDS,
 };
+pub use server::{ServerCounts, ServerStats};
 pub use socket::{bind_socket, BindError, BoundSocket};
 pub use wire::{recv_message, recv_message_by, send_message, WireError};
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use belayer_daemon::config::{Config, DEFAULT_CONFIG};
+use belayer_daemon::metrics::http::{MetricsServer, Scrape};
 use belayer_daemon::service::Agent;
 use belayer_ipc::{AccessPolicy, Server, ServerConfig};
 use clap::Parser;
@@ -42,6 +43,10 @@ struct Args {
     /// overrides `default_disk_max_bytes`.
     #[arg(long, env = "BELAYER_DEFAULT_DISK_MAX", value_parser = belayer_ipc::parse_bytes)]
     default_disk_max: Option<u64>,
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (e.g. `127.0.0.1:9464`); overrides
+    /// `metrics_listen`. Loopback only unless the config sets `metrics_allow_remote`.
+    #[arg(long, env = "BELAYER_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Log format on stderr: `text` (ANSI colours only when stderr is a terminal and
     /// `NO_COLOR` is unset) or `json` (one object per line: timestamp, level, target,
     /// fields; for journald and log collectors).
@@ -114,6 +119,9 @@ fn run(args: Args) -> Result<()> {
     if let Some(bytes) = args.default_disk_max {
         config.default_disk_max_bytes = bytes;
     }
+    if args.metrics_listen.is_some() {
+        config.metrics_listen = args.metrics_listen;
+    }
     let mut server_config = ServerConfig::new(&config.socket)
         .max_frame(config.max_frame_bytes)
         .limits(config.connection_limits());
@@ -132,6 +140,14 @@ fn run(args: Args) -> Result<()> {
     )
     .context("starting memory servers")?;
     let server = Server::bind(server_config).context("binding the socket")?;
+    let _metrics = match config.metrics_listen {
+        Some(addr) => {
+            let (agent, stats) = (Arc::clone(&agent), server.stats());
+            let scrape: Scrape = Arc::new(move || agent.scrape(Some(&stats)));
+            Some(MetricsServer::start(addr, scrape).context("starting the metrics endpoint")?)
+        }
+        None => None,
+    };
     tracing::info!(socket = %config.socket.display(), state_dir = %config.state_dir.display(), "belayerd ready");
     let trigger = server.shutdown_trigger();
     std::thread::spawn(move || {

@@ -171,3 +171,21 @@ fn connection_limits_come_from_their_keys_and_are_checked() {
     bad.idle_timeout_s = 0;
     assert!(matches!(bad.validate(), Err(ConfigError::Limits { .. })));
 }
+
+#[test]
+fn metrics_listen_is_an_address_and_loopback_unless_allowed() {
+    let c: Config = toml::from_str("metrics_listen = \"127.0.0.1:9464\"\n").unwrap();
+    assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert!(c.validate().is_ok());
+    let c: Config = toml::from_str("metrics_listen = \"[::1]:9464\"\n").unwrap();
+    assert!(c.validate().is_ok());
+    assert!(toml::from_str::<Config>("metrics_listen = \"localhost\"\n").is_err());
+    let mut c: Config = toml::from_str("metrics_listen = \"10.0.0.5:9464\"\n").unwrap();
+    match c.validate() {
+        Err(ConfigError::Invalid { field, .. }) => assert_eq!(field, "metrics_listen"),
+        other => panic!("{other:?}"),
+    }
+    c.metrics_allow_remote = true;
+    assert!(c.validate().is_ok());
+    assert_eq!(Config::default().metrics_listen, None);
+}

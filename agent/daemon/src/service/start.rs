@@ -170,6 +170,12 @@ impl Agent {
             contexts,
             failed_seen: Mutex::new(std::collections::HashSet::new()),
             creating: Default::default(),
+            metrics: crate::metrics::Metrics::new(
+                env!("CARGO_PKG_VERSION"),
+                belayer_ipc::PROTOCOL_VERSION,
+                criu.version().to_string().as_str(),
+            ),
+            store_sizes: Default::default(),
             rt: Runtime {
                 config,
                 images,

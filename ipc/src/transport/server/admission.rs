@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::config::Quota;
+use super::stats::ServerStats;
 
 /// Most evicted connections whose threads may still be running; beyond that, a newcomer to a
 /// full pool is refused instead. Connection threads never exceed the connection quota's total
@@ -159,12 +160,15 @@ pub(crate) struct Census {
     non_root: Held,
     all: Held,
     draining: usize,
+    /// Where the totals are published for the metrics endpoint.
+    stats: Arc<ServerStats>,
 }
 
 impl Census {
     /// An empty census for the given quotas.
-    pub(crate) fn new(connections: Quota, subscriptions: Quota) -> Census {
+    pub(crate) fn new(connections: Quota, subscriptions: Quota, stats: Arc<ServerStats>) -> Census {
         Census {
+            stats,
             connections,
             subscriptions,
             entries: HashMap::new(),
@@ -304,6 +308,7 @@ impl Census {
         self.non_root = Held::default();
         self.all = Held::default();
         self.draining = 0;
+        self.stats.set_open(0, 0);
         self.entries.drain().map(|(_, e)| e.stream).collect()
     }
 
@@ -328,6 +333,8 @@ impl Census {
             change(&mut self.non_root);
         }
         change(&mut self.all);
+        self.stats
+            .set_open(self.all.connections, self.all.subscriptions);
     }
 
     /// Evicts the fairest idle victim for a newcomer of `uid` (see the module docs); `None`
@@ -395,7 +402,7 @@ mod tests {
     impl Fixture {
         fn new(connections: Quota, subscriptions: Quota) -> Fixture {
             Fixture {
-                census: Census::new(connections, subscriptions),
+                census: Census::new(connections, subscriptions, Arc::default()),
                 next: 0,
                 activities: HashMap::new(),
                 _peers: Vec::new(),

@@ -25,6 +25,7 @@ mod connection;
 mod deadline;
 mod handler;
 mod reply;
+mod stats;
 mod transfer;
 
 use std::fs;
@@ -48,6 +49,7 @@ pub use self::config::{ConnectionLimits, LimitsError, Quota, ServerConfig, DEFAU
 use self::connection::{serve_connection, Connection};
 pub use self::handler::{Handler, MAX_REQUEST_FDS};
 use self::reply::refuse_now;
+pub use self::stats::{ServerCounts, ServerStats};
 pub use self::transfer::{chunk_bytes, Chunk, LinkError, TransferLink};
 use super::creds::{AccessPolicy, PeerCred};
 use super::socket::{bind_socket, BindError, BoundSocket};
@@ -136,6 +138,7 @@ pub struct Server {
     limits: ConnectionLimits,
     stop_rx: OwnedFd,
     trigger: ShutdownTrigger,
+    stats: Arc<ServerStats>,
 }
 
 impl Server {
@@ -174,6 +177,7 @@ impl Server {
             trigger: ShutdownTrigger {
                 tx: Arc::new(stop_tx),
             },
+            stats: Arc::default(),
         })
     }
 
@@ -185,6 +189,12 @@ impl Server {
     /// A trigger that makes [`serve`](Server::serve) return.
     pub fn shutdown_trigger(&self) -> ShutdownTrigger {
         self.trigger.clone()
+    }
+
+    /// The server's connection counters (open connections and event streams, admitted,
+    /// refused, evicted), updated while it serves.
+    pub fn stats(&self) -> Arc<ServerStats> {
+        Arc::clone(&self.stats)
     }
 
     /// Accepts connections until the [`ShutdownTrigger`] fires, serving each admitted one on
@@ -201,6 +211,7 @@ impl Server {
             census: Mutex::new(Census::new(
                 self.limits.connections,
                 self.limits.subscriptions,
+                Arc::clone(&self.stats),
             )),
             epoch: Instant::now(),
         });
@@ -234,7 +245,7 @@ impl Server {
                 }
             };
             next_conn += 1;
-            threads.retain(|thread| !thread.is_finished());
+            reap_finished(&mut threads);
             if threads.len() >= self.limits.connections.total + MAX_DRAINING {
                 // Slots given back by threads that have not ended yet: the census would admit,
                 // but the thread bound comes first.
@@ -242,6 +253,7 @@ impl Server {
                     what: "connections",
                     limit: self.limits.connections.total,
                 };
+                self.stats.refused();
                 refuse_now(
                     &stream,
                     ErrorCode::Busy,
@@ -289,6 +301,7 @@ impl Server {
         if let Err(err) = self.policy.authorize(&stream, &peer) {
             let message = error_chain(&err);
             refusals.note(conn, &peer, &message, "refusing peer");
+            self.stats.refused();
             refuse_now(
                 &stream,
                 ErrorCode::PermissionDenied,
@@ -310,6 +323,7 @@ impl Server {
             .admit(conn, peer.uid, clone, Arc::clone(&activity));
         match admitted {
             Ok(Some(evicted)) => {
+                self.stats.evicted();
                 debug!(
                     conn,
                     uid = peer.uid,
@@ -326,6 +340,7 @@ impl Server {
                     &refusal.to_string(),
                     "connection limit reached",
                 );
+                self.stats.refused();
                 refuse_now(
                     &stream,
                     ErrorCode::Busy,
@@ -335,6 +350,7 @@ impl Server {
                 return None;
             }
         }
+        self.stats.admitted();
         spawn_connection(
             shared,
             Connection {
@@ -518,6 +534,19 @@ fn handle_accept_error(path: &Path, err: &io::Error) {
             warn!(path = %path.display(), error = %err, "accept failed");
             // EMFILE/ENFILE and friends: back off instead of spinning on a ready listener.
             thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Joins the connection threads that have finished, so that an ended thread is gone from the
+/// process (not only done with its closure) before the bound on threads counts it out.
+fn reap_finished(threads: &mut Vec<JoinHandle<()>>) {
+    let mut i = 0;
+    while i < threads.len() {
+        if threads[i].is_finished() {
+            let _ = threads.swap_remove(i).join();
+        } else {
+            i += 1;
         }
     }
 }
