@@ -9,7 +9,9 @@
 //! - `memory` ([`memory`]): memory-server attach, unmap, remap and KV flush;
 //! - `tracer` ([`tracer`]): fail-stop detection latency and the BPF overhead;
 //! - `handover` ([`handover`]): shadow-worker handover against the conventional baseline;
-//! - `exec` ([`exec`]): the round trip of a trivial action against plain subprocesses.
+//! - `exec` ([`exec`]): the round trip of a trivial action against plain subprocesses;
+//! - `image` ([`image`]): registry pull + unpack against skopeo + umoci, and sandbox create
+//!   from a many-layer image against a flattened one.
 //!
 //! The benchmarks that need a daemon use the one at `--socket`, or start an agent inside this
 //! process ([`embedded`]). `belayer bench ARGS...` runs this program.
@@ -19,13 +21,15 @@
 //! helpers), `belayer-ipc`, `belayer-overlay`/`belayer-ebpf` (the hand-rolled
 //! baseline and the tracer's costs), `clap`, `serde`/`serde_json` (JSON output), `nix`/
 //! `rustix`/`libc` (processes of the baselines), `thiserror`, `tracing`/`tracing-subscriber`,
-//! `anyhow`; `tempfile` for tests.
+//! `anyhow`, `tempfile` (scratch dirs), `belayer-tests` (the real registry and the umoci
+//! image builder of the test harness, for `image`).
 
 mod capture;
 mod checkpoint;
 mod embedded;
 mod exec;
 mod handover;
+mod image;
 mod load;
 mod memory;
 mod tracer;
@@ -78,6 +82,9 @@ enum BenchCmd {
     /// Load under failures: 64 sandboxes × 20 steps with a checkpoint after each, a host
     /// SIGKILL + restore every 5th step and `belayerd` killed -9 twice (its own daemon).
     Load(crate::load::LoadArgs),
+    /// OCI images from a local registry: pull + unpack throughput against skopeo + umoci,
+    /// and sandbox create time from a 20-layer image against a flattened one.
+    Image(crate::image::ImageBenchArgs),
     /// Exec round trip of a trivial command (`true`): Belayer's Rust client, CLI and Python
     /// client side by side with subprocess baselines (Rust, Python, mini-swe-agent).
     Exec(crate::exec::ExecBenchArgs),
@@ -108,6 +115,7 @@ fn run(cli: Cli) -> Result<i32> {
         BenchCmd::Capture(args) => capture::run(socket, &args, json),
         BenchCmd::Load(args) => load::run(&args, json),
         BenchCmd::Exec(args) => exec::run(&args, json),
+        BenchCmd::Image(args) => image::run(&args, json),
     }
 }
 

@@ -171,47 +171,33 @@ fn a_scrape_counts_actions_checkpoints_faults_and_restores_and_parses() {
     assert!(matches!(bad, Response::Error(_)), "{bad:?}");
 
     let s = parse(&scrape(addr));
-    assert_eq!(value(&s, "belayer_actions_total{outcome=\"ok\"}"), 2.0);
-    assert_eq!(
-        value(&s, "belayer_actions_total{outcome=\"nonzero_exit\"}"),
-        1.0
-    );
-    assert_eq!(
-        value(&s, "belayer_actions_total{outcome=\"UnknownSandbox\"}"),
-        1.0
-    );
-    assert_eq!(value(&s, "belayer_action_duration_seconds_count"), 3.0);
-    assert_eq!(
-        value(&s, "belayer_checkpoints_total{result=\"taken\"}"),
-        1.0
-    );
-    assert_eq!(
-        value(&s, "belayer_checkpoints_skipped_total{reason=\"never\"}"),
-        1.0
-    );
+    for (key, want) in [
+        ("belayer_actions_total{outcome=\"ok\"}", 2.0),
+        ("belayer_actions_total{outcome=\"nonzero_exit\"}", 1.0),
+        ("belayer_actions_total{outcome=\"UnknownSandbox\"}", 1.0),
+        ("belayer_action_duration_seconds_count", 3.0),
+        ("belayer_checkpoints_total{result=\"taken\"}", 1.0),
+        ("belayer_checkpoints_skipped_total{reason=\"never\"}", 1.0),
+        ("belayer_checkpoint_size_bytes_count", 1.0),
+        ("belayer_checkpoint_size_bytes_sum", c1.bytes as f64),
+        ("belayer_checkpoint_size_bytes_bucket{le=\"+Inf\"}", 1.0),
+        ("belayer_restores_total{outcome=\"ok\"}", 1.0),
+        ("belayer_sandboxes{state=\"running\"}", 1.0),
+        ("belayer_sandboxes{state=\"failed\"}", 0.0),
+        ("belayer_images", 1.0),
+    ] {
+        assert_eq!(value(&s, key), want, "{key}");
+    }
     let frozen = value(&s, "belayer_checkpoint_frozen_seconds_sum");
     assert!(
         (frozen - c1.timings_ms.frozen_total / 1e3).abs() < 1e-6,
         "{frozen} vs {:?}",
         c1.timings_ms
     );
-    assert_eq!(value(&s, "belayer_checkpoint_size_bytes_count"), 1.0);
-    assert_eq!(
-        value(&s, "belayer_checkpoint_size_bytes_sum"),
-        c1.bytes as f64
-    );
-    assert_eq!(
-        value(&s, "belayer_checkpoint_size_bytes_bucket{le=\"+Inf\"}"),
-        1.0
-    );
-    assert_eq!(value(&s, "belayer_restores_total{outcome=\"ok\"}"), 1.0);
     assert_eq!(sum_of(&s, "belayer_restores_total{"), 2.0, "{s:#?}");
     let restore_s = value(&s, "belayer_restore_duration_seconds_sum");
     assert!((restore_s - restored.timings_ms.total / 1e3).abs() < 1e-6);
     assert!(sum_of(&s, "belayer_infra_faults_total{") >= 1.0, "{s:#?}");
-    assert_eq!(value(&s, "belayer_sandboxes{state=\"running\"}"), 1.0);
-    assert_eq!(value(&s, "belayer_sandboxes{state=\"failed\"}"), 0.0);
-    assert_eq!(value(&s, "belayer_images"), 1.0);
     // The blob store is measured at most every 10 s: the checkpoint's blobs may be in the next.
     assert!(value(&s, "belayer_blob_store_bytes") >= 0.0);
     assert!(value(&s, "belayer_connections") >= 0.0);

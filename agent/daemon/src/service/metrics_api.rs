@@ -43,12 +43,9 @@ impl Agent {
 
     fn live_sample(&self, server: Option<&ServerStats>) -> LiveSample {
         let mut sandboxes: Vec<(belayer_ipc::SandboxState, u64)> = Vec::new();
-        let states: Vec<_> = self
-            .registry()
-            .values()
-            .map(|slot| slot.record().state)
-            .collect();
-        for state in states {
+        // The registry's lock only to list the slots: a slot's record is read after.
+        let slots: Vec<_> = self.registry().values().cloned().collect();
+        for state in slots.iter().map(|slot| slot.record().state) {
             match sandboxes.iter_mut().find(|(s, _)| *s == state) {
                 Some((_, n)) => *n += 1,
                 None => sandboxes.push((state, 1)),
