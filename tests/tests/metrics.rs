@@ -311,43 +311,40 @@ fn hostile_http_clients_leave_the_daemon_and_the_next_scrape_unharmed() {
     d.assert_alive("after hostile HTTP clients");
 }
 
+/// `belayerd` with `--config CONFIG` and `extra` arguments, on a socket and state dir in `dir`:
+/// its exit status and stderr.
+fn belayerd_fails(dir: &std::path::Path, config: &std::path::Path, extra: &[&str]) -> String {
+    let out = Command::new(bin("belayerd"))
+        .arg("--config")
+        .arg(config)
+        .args(extra)
+        .arg("--socket")
+        .arg(dir.join("s.sock"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run belayerd");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "belayerd started: {err}");
+    err
+}
+
 #[test]
 fn a_non_loopback_metrics_address_is_refused_unless_allowed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("belayer.toml");
     std::fs::write(&config, "metrics_listen = \"0.0.0.0:0\"\n").unwrap();
-    let out = Command::new(bin("belayerd"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--socket")
-        .arg(dir.path().join("s.sock"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run belayerd");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let err = belayerd_fails(dir.path(), &config, &[]);
     assert!(
         err.contains("metrics_listen") && err.contains("metrics_allow_remote"),
         "{err}"
     );
     // The flag goes through the same check.
-    let out = Command::new(bin("belayerd"))
-        .arg("--config")
-        .arg("/dev/null")
-        .arg("--metrics-listen")
-        .arg("[::]:0")
-        .arg("--socket")
-        .arg(dir.path().join("s.sock"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run belayerd");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("metrics_listen"),
-        "{err}"
+    let err = belayerd_fails(
+        dir.path(),
+        std::path::Path::new("/dev/null"),
+        &["--metrics-listen", "[::]:0"],
     );
+    assert!(err.contains("metrics_listen"), "{err}");
 }
