@@ -312,7 +312,7 @@ fn hostile_http_clients_leave_the_daemon_and_the_next_scrape_unharmed() {
 }
 
 /// `belayerd` with `--config CONFIG` and `extra` arguments, on a socket and state dir in `dir`:
-/// its exit status and stderr.
+/// its stderr, after checking that it refused to start.
 fn belayerd_fails(dir: &std::path::Path, config: &std::path::Path, extra: &[&str]) -> String {
     let out = Command::new(bin("belayerd"))
         .arg("--config")
