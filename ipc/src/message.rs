@@ -70,11 +70,12 @@ pub enum Request {
     /// Restore the sandbox from a ready checkpoint into a fresh instance (paper: full_restore):
     /// the ready one, or the one of boundary `prefix`.
     ///
-    /// Restoring C_K of an earlier boundary moves the ready pointer back to C_K once the
-    /// restore succeeded, and drops every checkpoint published after C_K (the sandbox no
-    /// longer has that future; they are listed in [`RestoreInfo::dropped_prefixes`]). A
-    /// `prefix` with no ready checkpoint is answered [`ErrorCode::NotFound`] naming it, and
-    /// nothing is touched.
+    /// Restoring C_K of an earlier boundary (the latest of boundary K on the ready
+    /// checkpoint's own line, else the latest of any branch) moves the ready pointer to C_K
+    /// once the restore succeeded; the checkpoints taken after C_K stay, as another branch
+    /// of the sandbox's tree of checkpoints, and the next checkpoint's parent is C_K (since
+    /// protocol 11; before, they were dropped). A `prefix` with no ready checkpoint is
+    /// answered [`ErrorCode::NotFound`] naming it, and nothing is touched.
     Restore {
         /// Sandbox id.
         id: String,
@@ -422,6 +423,12 @@ pub struct CheckpointInfo {
     pub timings_ms: CheckpointTimings,
     /// Publication time, milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
+    /// Name of the parent checkpoint in the sandbox's tree of checkpoints: the one that was
+    /// ready when this one was taken (`None`: a root, taken from a fresh instance).
+    pub parent: Option<String>,
+    /// This is the sandbox's ready checkpoint (set in `ListCheckpoints` answers; a
+    /// `Checkpoint` answer's new checkpoint is ready by definition).
+    pub ready: bool,
 }
 
 /// Phase timings of a restore, milliseconds.
@@ -464,9 +471,9 @@ pub struct RestoreInfo {
     /// `false`: F_k was materialized from its manifest into new inodes, or there was no
     /// checkpoint.
     pub inodes_kept: bool,
-    /// Prefixes of the checkpoints published after the restored one, which this restore
-    /// dropped (a restore of an earlier ready checkpoint, [`Request::Restore`]'s `prefix`),
-    /// oldest first; empty when the ready checkpoint was restored. Since protocol 9.
+    /// Prefixes of checkpoints this restore dropped, oldest first. Since protocol 11 always
+    /// empty: the checkpoints after a restored earlier one stay as a branch. Since
+    /// protocol 9.
     pub dropped_prefixes: Vec<u64>,
 }
 

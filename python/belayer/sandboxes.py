@@ -95,8 +95,8 @@ class RestoreInfo:
     the checkpoint's snapshot, so files the sandbox wrote kept their inode numbers and times.
     ``fs_matches`` and ``processes_match`` are the verification's results, ``None`` when the
     restore was not verified (``verified`` false), never ``False`` for a check not made.
-    ``dropped``: how many checkpoints published after the restored one were dropped (a
-    restore of an earlier checkpoint with ``prefix``)."""
+    ``dropped``: how many checkpoints the restore dropped: 0 since checkpoints form a tree
+    (those after a restored earlier one stay as a branch)."""
 
     prefix: Optional[int]
     context: bytes
@@ -336,8 +336,8 @@ class SandboxMethods:
     def restore(self, id: Text, verify: bool = True, prefix: Optional[int] = None) -> RestoreInfo:
         """Restores sandbox ``id`` into a fresh instance from its ready checkpoint, or with
         ``prefix`` from its ready checkpoint of that action boundary (which then becomes the
-        ready one: the checkpoints published after it are dropped, counted in
-        ``RestoreInfo.dropped``); returns k and the LLM context L_k. ``verify`` also checks
+        ready one; the checkpoints taken after it stay, as a branch); returns k and the LLM
+        context L_k. ``verify`` also checks
         the restored state (without it the three checks are ``None``).
 
         Raises:

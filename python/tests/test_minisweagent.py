@@ -346,8 +346,8 @@ def test_limits_reach_the_sandbox(daemon: Daemon) -> None:
 
 def test_restore_to_an_earlier_prefix(daemon: Daemon) -> None:
     """``restore(prefix=k)`` goes back to the checkpoint of boundary k (the sandbox alive):
-    the files and L_k of step k, the later checkpoints dropped; an unknown prefix changes
-    nothing."""
+    the files and L_k of step k, the later checkpoints kept as a branch; an unknown prefix
+    changes nothing."""
     env = BelayerEnvironment(image="busybox", socket=daemon.socket, cwd="/root/w")
     try:
         steps = ["echo 1 > n", "echo 2 > n", "echo 3 > n",
@@ -366,7 +366,7 @@ def test_restore_to_an_earlier_prefix(daemon: Daemon) -> None:
         assert k == 1 and load_context(agent, context) == 1
         assert len(agent.messages) == 2 + 2 * 1 and model.current_index == 0
         assert env.execute({"command": "cat n"})["output"] == "1\n"
-        assert [c.prefix for c in env.sandbox.checkpoints()] == [1]
+        assert [c.prefix for c in env.sandbox.checkpoints()] == [1, 2, 3]
         # The agent goes on from step 1 with the model's next answer.
         model.config.outputs[1] = make_output("ok", [{"command": (
             "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo $(( $(cat n) + 10 ))")}])

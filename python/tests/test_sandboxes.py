@@ -121,19 +121,20 @@ def test_restore_of_a_chosen_checkpoint(client: belayer.Client) -> None:
             sb.exec(f"echo k{k} >> /root/log")
             sb.checkpoint(k, f"ctx{k}".encode())
         r = sb.restore(prefix=2)
-        assert (r.prefix, r.context, r.dropped) == (2, b"ctx2", 1)
+        assert (r.prefix, r.context, r.dropped) == (2, b"ctx2", 0)
         assert r.verified and r.fs_matches and r.processes_match
         assert sb.exec("cat /root/log").stdout == b"k1\nk2\n"
-        assert [c.prefix for c in sb.checkpoints()] == [1, 2]
+        # C_3 stays, as a branch of the tree.
+        assert [c.prefix for c in sb.checkpoints()] == [1, 2, 3]
         assert sb.info().ready_prefix == 2
-        with pytest.raises(belayer.NotFoundError, match="prefix 3"):
-            sb.restore(prefix=3)
+        with pytest.raises(belayer.NotFoundError, match="prefix 4"):
+            sb.restore(prefix=4)
         for bad in (-1, 2**64, "1", True):
             with pytest.raises(ValueError):
                 sb.restore(prefix=bad)  # type: ignore[arg-type]
         # Not verified: the three checks are absent, not failed.
         r = sb.restore(verify=False, prefix=1)
-        assert (r.prefix, r.dropped, r.verified) == (1, 1, False)
+        assert (r.prefix, r.dropped, r.verified) == (1, 0, False)
         assert r.fs_matches is None and r.processes_match is None
         assert sb.exec("cat /root/log").stdout == b"k1\n"
         r = sb.restore(verify=False)

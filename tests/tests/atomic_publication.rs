@@ -30,15 +30,17 @@ fn store_entries(d: &Daemon, id: &str) -> Vec<String> {
     v
 }
 
-fn assert_previous_in_effect(d: &Daemon, id: &str, what: &str) {
+/// After a failed or interrupted checkpoint: `ready` is still the ready prefix, exactly the
+/// checkpoints `listed` are there (no partial one, no staging), and the sandbox runs.
+fn assert_previous_in_effect(d: &Daemon, id: &str, what: &str, ready: u64, listed: &[u64]) {
     assert_eq!(
         d.inspect(id).ready_prefix,
-        Some(1),
+        Some(ready),
         "{what}: ready pointer moved"
     );
     assert_eq!(
         checkpoints(d, id),
-        vec![1],
+        listed,
         "{what}: a partial checkpoint is visible"
     );
     let entries = store_entries(d, id);
@@ -48,7 +50,7 @@ fn assert_previous_in_effect(d: &Daemon, id: &str, what: &str) {
     );
     assert_eq!(
         entries.iter().filter(|e| e.starts_with('c')).count(),
-        1,
+        listed.len(),
         "{what}: {entries:?}"
     );
     // Thawed: an action runs (it would hang on a frozen cgroup) and the loop still counts.
@@ -58,9 +60,10 @@ fn assert_previous_in_effect(d: &Daemon, id: &str, what: &str) {
     assert!(b > a, "{what}: sandbox still frozen ({a} → {b})");
 }
 
-#[test]
-fn failing_checkpoints_keep_the_previous_one() {
-    let mut d = Daemon::start();
+/// A daemon with a busybox sandbox whose background loop counts in `/tmp/count`, and its C_1
+/// of `/state` = k1.
+fn counting_sandbox() -> (Daemon, String) {
+    let d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
     d.sh(
@@ -69,19 +72,36 @@ fn failing_checkpoints_keep_the_previous_one() {
     );
     d.sh(&id, "echo k1 > /state");
     d.checkpoint(&id, 1, b"L1");
+    (d, id)
+}
 
+#[test]
+fn failing_checkpoints_keep_the_previous_one() {
+    let (mut d, id) = counting_sandbox();
+
+    fail_at_every_point(&mut d, &id, 2, 1, &[1]);
+    // The previous checkpoint still restores, with its own state and context.
+    d.fail_stop(&id);
+    let r = d.restore(&id);
+    assert_eq!((r.prefix, r.context.as_slice()), (Some(1), &b"L1"[..]));
+    assert_eq!(d.sh(&id, "cat /state"), "k1");
+}
+
+/// A checkpoint of `prefix` failed, and the daemon killed, at every fail point in turn; after
+/// each, [`assert_previous_in_effect`] with `ready` and `listed`.
+fn fail_at_every_point(d: &mut Daemon, id: &str, prefix: u64, ready: u64, listed: &[u64]) {
     for at in POINTS {
         for kill_daemon in [false, true] {
             let what = format!("{at:?} kill_daemon={kill_daemon}");
-            d.sh(&id, "echo k2 > /state");
+            d.sh(id, &format!("echo k{prefix} > /state"));
             let fault = Some(TestFault { at, kill_daemon });
             if kill_daemon {
                 let r = d
                     .client()
                     .call(Request::Checkpoint(belayer_ipc::CheckpointRequest {
-                        id: id.clone(),
-                        prefix: 2,
-                        context: b"L2".to_vec(),
+                        id: id.to_string(),
+                        prefix,
+                        context: format!("L{prefix}").into_bytes(),
                         fault,
                     }));
                 assert!(
@@ -92,21 +112,59 @@ fn failing_checkpoints_keep_the_previous_one() {
                 assert!(!status.success(), "{what}");
                 d.restart();
             } else {
-                match d.checkpoint_raw(&id, 2, b"L2", fault) {
+                match d.checkpoint_raw(id, prefix, format!("L{prefix}").as_bytes(), fault) {
                     Response::Error(e) => {
                         assert_eq!(e.code, ErrorCode::CheckpointFailed, "{what}: {e:?}")
                     }
                     r => panic!("{what}: expected an error, got {r:?}"),
                 }
             }
-            assert_previous_in_effect(&d, &id, &what);
+            assert_previous_in_effect(d, id, &what, ready, listed);
         }
     }
-    // The previous checkpoint still restores, with its own state and context.
-    d.fail_stop(&id);
-    let r = d.restore(&id);
-    assert_eq!((r.prefix, r.context.as_slice()), (Some(1), &b"L1"[..]));
-    assert_eq!(d.sh(&id, "cat /state"), "k1");
+}
+
+#[test]
+fn failing_checkpoints_on_a_branch_keep_the_tree() {
+    let (mut d, id) = counting_sandbox();
+    d.sh(&id, "echo k2 > /state");
+    d.checkpoint(&id, 2, b"L2");
+    // Back to C_1: C_2 is a branch now; every failed checkpoint of a new branch from C_1
+    // leaves C_1 ready and both checkpoints, and nothing of itself.
+    match d.call(Request::Restore {
+        id: id.clone(),
+        verify: false,
+        prefix: Some(1),
+    }) {
+        Response::Restored(r) => assert_eq!(r.prefix, Some(1)),
+        r => panic!("{r:?}"),
+    }
+    fail_at_every_point(&mut d, &id, 3, 1, &[1, 2]);
+    // A checkpoint that succeeds is a child of C_1; each node restores its own state.
+    d.sh(&id, "echo k3 > /state");
+    let c3 = d.checkpoint(&id, 3, b"L3");
+    let list = match d.call(Request::ListCheckpoints { id: id.clone() }) {
+        Response::Checkpoints(v) => v,
+        r => panic!("{r:?}"),
+    };
+    assert_eq!(list.len(), 3);
+    assert_eq!(list[2].checkpoint, c3.checkpoint);
+    assert_eq!(list[2].parent.as_deref(), Some(list[0].checkpoint.as_str()));
+    assert_eq!(list[1].parent.as_deref(), Some(list[0].checkpoint.as_str()));
+    for (k, state) in [(2, "k2"), (3, "k3"), (1, "k1")] {
+        match d.call(Request::Restore {
+            id: id.clone(),
+            verify: true,
+            prefix: Some(k),
+        }) {
+            Response::Restored(r) => {
+                assert_eq!(r.context, format!("L{k}").into_bytes());
+                assert!(r.validity.is_some_and(|v| v.fs_matches));
+            }
+            r => panic!("restore C_{k}: {r:?}"),
+        }
+        assert_eq!(d.sh(&id, "cat /state"), state);
+    }
 }
 
 #[test]

@@ -181,7 +181,9 @@ fn every_command_prints_its_documented_json() {
                 "checkpoint",
                 "context_digest",
                 "created_unix_ms",
+                "parent",
                 "prefix",
+                "ready",
                 "sandbox",
                 "timings_ms"
             ]
@@ -213,12 +215,18 @@ fn every_command_prints_its_documented_json() {
         ]
     );
     assert_eq!(r["prefix"], 2);
-    assert_eq!(r["dropped_prefixes"], serde_json::json!([3]));
+    assert_eq!(r["dropped_prefixes"], serde_json::json!([]));
     assert_eq!(r["validity"]["fs_matches"], true);
-    assert_eq!(
-        ok(&d, &["checkpoint", "ls", &id]).as_array().unwrap().len(),
-        2
-    );
+    // C_3 stays, as a branch; C_2 is the ready one.
+    let cps = ok(&d, &["checkpoint", "ls", &id]);
+    let ready: Vec<bool> = cps
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["ready"].as_bool().unwrap())
+        .collect();
+    assert_eq!(ready, [false, true, false], "{cps}");
+    assert_eq!(cps[2]["parent"], cps[1]["checkpoint"], "{cps}");
     // Without --verify the validity is absent (null), not a failed check.
     let r = ok(&d, &["restore", &id]);
     assert!(r["validity"].is_null(), "{r}");
@@ -246,7 +254,8 @@ fn every_command_prints_its_documented_json() {
     ok(&d, &["checkpoint", &other, "--prefix", "2"]);
     let gc = ok(&d, &["gc", "--tag", "cli-json"]);
     assert_eq!(keys(&gc), ["bytes", "removed"]);
-    assert_eq!(gc["removed"], 2);
+    // C_1, C_2 and the branch C_3 of the tagged sandbox.
+    assert_eq!(gc["removed"], 3);
     let gc = ok(&d, &["gc", "--older-than", "0"]);
     assert_eq!(gc["removed"], 1);
     assert_eq!(ok(&d, &["checkpoint", "ls", &other])[0]["prefix"], 2);

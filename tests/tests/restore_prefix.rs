@@ -1,8 +1,9 @@
 //! `Restore` of a chosen ready checkpoint (`prefix: Some(K)`) against the real daemon, kernel
 //! and CRIU: the sandbox gets C_K's files and processes and L_K back, C_K becomes the ready
-//! checkpoint, the checkpoints after it are dropped (from the listing and from the store), a
-//! later checkpoint and restore build on C_K, an unknown prefix touches nothing, and a daemon
-//! SIGKILLed at any point of such a restore leaves a ready checkpoint that restores.
+//! checkpoint, the checkpoints after it stay as a branch of the sandbox's tree (listed,
+//! restorable, each to its own state), later checkpoints are children of C_K, an unknown
+//! prefix touches nothing, and a daemon SIGKILLed at any point of such a restore leaves a
+//! ready checkpoint that restores and the whole tree.
 
 use std::time::{Duration, Instant};
 
@@ -25,10 +26,27 @@ fn restored(d: &Daemon, id: &str, prefix: Option<u64>) -> RestoreInfo {
 }
 
 fn listed(d: &Daemon, id: &str) -> Vec<u64> {
+    checkpoints(d, id).into_iter().map(|c| c.prefix).collect()
+}
+
+fn checkpoints(d: &Daemon, id: &str) -> Vec<belayer_ipc::CheckpointInfo> {
     match d.call(Request::ListCheckpoints { id: id.into() }) {
-        Response::Checkpoints(v) => v.into_iter().map(|c| c.prefix).collect(),
+        Response::Checkpoints(v) => v,
         r => panic!("{r:?}"),
     }
+}
+
+/// `(prefix, parent's prefix)` of every checkpoint, in publication order, and the ready
+/// one's prefix.
+fn tree(d: &Daemon, id: &str) -> (Vec<(u64, Option<u64>)>, Option<u64>) {
+    let list = checkpoints(d, id);
+    let prefix_of = |name: &str| list.iter().find(|c| c.checkpoint == name).map(|c| c.prefix);
+    let edges = list
+        .iter()
+        .map(|c| (c.prefix, c.parent.as_deref().and_then(prefix_of)))
+        .collect();
+    let ready = list.iter().find(|c| c.ready).map(|c| c.prefix);
+    (edges, ready)
 }
 
 /// The checkpoint directories in the store (published or not).
@@ -65,7 +83,7 @@ fn log(d: &Daemon, id: &str) -> String {
 }
 
 #[test]
-fn a_middle_prefix_restores_its_state_and_drops_the_later_checkpoints() {
+fn a_middle_prefix_restores_its_state_and_keeps_the_later_checkpoints_as_a_branch() {
     let d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
@@ -75,45 +93,93 @@ fn a_middle_prefix_restores_its_state_and_drops_the_later_checkpoints() {
     for k in 2..=4 {
         step(&d, &id, k);
     }
-    assert_eq!(listed(&d, &id), [1, 2, 3, 4]);
+    assert_eq!(
+        tree(&d, &id),
+        (
+            vec![(1, None), (2, Some(1)), (3, Some(2)), (4, Some(3))],
+            Some(4)
+        )
+    );
 
     let r = restored(&d, &id, Some(2));
     assert_eq!(r.prefix, Some(2));
     assert_eq!(r.context, b"ctx2");
-    assert_eq!(r.dropped_prefixes, [3, 4]);
+    assert!(r.dropped_prefixes.is_empty(), "{:?}", r.dropped_prefixes);
     let v = r.validity.expect("verified");
     assert!(v.fs_matches && v.processes_match, "{v:?}");
     assert_eq!(log(&d, &id), "k1\nk2\n2");
     assert_eq!(background(&d, &id), "1");
     assert_eq!(d.inspect(&id).ready_prefix, Some(2));
-    assert_eq!(listed(&d, &id), [1, 2]);
-    assert_eq!(stored(&d, &id), ["c000001-k1", "c000002-k2"]);
+    // Nothing dropped: C_3 and C_4 are a branch now.
+    assert_eq!(listed(&d, &id), [1, 2, 3, 4]);
+    assert_eq!(stored(&d, &id).len(), 4);
 
-    // A new action and checkpoint build on C_2; a failure then restores it.
+    // A new action and checkpoint build on C_2: a second branch; a failure then restores it.
     step(&d, &id, 5);
-    assert_eq!(listed(&d, &id), [1, 2, 5]);
+    assert_eq!(
+        tree(&d, &id),
+        (
+            vec![
+                (1, None),
+                (2, Some(1)),
+                (3, Some(2)),
+                (4, Some(3)),
+                (5, Some(2))
+            ],
+            Some(5)
+        )
+    );
     d.fail_stop(&id);
     let r = restored(&d, &id, None);
-    assert_eq!((r.prefix, r.dropped_prefixes.len()), (Some(5), 0));
+    assert_eq!(r.prefix, Some(5));
     assert_eq!(log(&d, &id), "k1\nk2\nk5\n3");
 
-    // Back to C_1: before the background process existed.
-    let r = restored(&d, &id, Some(1));
-    assert_eq!((r.prefix, &r.context[..]), (Some(1), &b"ctx1"[..]));
-    assert_eq!(r.dropped_prefixes, [2, 5]);
-    assert_eq!(log(&d, &id), "k1\n1");
-    assert_eq!(background(&d, &id), "0");
-    assert_eq!(listed(&d, &id), [1]);
-    assert_eq!(stored(&d, &id), ["c000001-k1"]);
+    // Every node restores to its own state, whichever branch it is on.
+    for (k, expected, procs) in [
+        (4, "k1\nk2\nk3\nk4\n4", "1"),
+        (3, "k1\nk2\nk3\n3", "1"),
+        (5, "k1\nk2\nk5\n3", "1"),
+        (1, "k1\n1", "0"),
+        (2, "k1\nk2\n2", "1"),
+    ] {
+        let r = restored(&d, &id, Some(k));
+        assert_eq!(
+            (r.prefix, r.context.clone()),
+            (Some(k), format!("ctx{k}").into_bytes())
+        );
+        assert_eq!(log(&d, &id), expected, "C_{k}");
+        assert_eq!(background(&d, &id), procs, "C_{k}");
+        assert_eq!(tree(&d, &id).1, Some(k));
+    }
 
-    // The ready checkpoint named by its prefix: a plain restore, nothing dropped.
-    let r = restored(&d, &id, Some(1));
-    assert_eq!((r.prefix, r.dropped_prefixes.len()), (Some(1), 0));
-    assert_eq!(listed(&d, &id), [1]);
+    // Back at C_1, a third branch.
+    restored(&d, &id, Some(1));
+    step(&d, &id, 6);
+    let (edges, ready) = tree(&d, &id);
+    assert_eq!(edges.last(), Some(&(6, Some(1))));
+    assert_eq!((edges.len(), ready), (6, Some(6)));
+    let out = belayer_tests::cli::belayer_json(&d, &["checkpoint", "ls", &id]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json.as_array().map(Vec::len), Some(6), "{json}");
+    assert!(json[5]["ready"].as_bool().unwrap(), "{json}");
+    let text = std::process::Command::new(belayer_tests::bin("belayer"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["checkpoint", "ls", &id, "--tree"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    assert!(lines[0].starts_with("c000001-k1"), "{text}");
+    assert!(
+        lines[5].starts_with("└─ c000006-k6") && lines[5].ends_with("(ready)"),
+        "{text}"
+    );
 }
 
 #[test]
-fn several_checkpoints_of_one_prefix_restore_the_latest() {
+fn several_checkpoints_of_one_prefix_restore_the_latest_of_the_line() {
     let d = Daemon::start();
     d.image("busybox", &busybox_rootfs());
     let id = d.create("busybox").id;
@@ -124,9 +190,9 @@ fn several_checkpoints_of_one_prefix_restore_the_latest() {
     step(&d, &id, 3);
     let r = restored(&d, &id, Some(2));
     assert_eq!(r.context, b"second");
-    assert_eq!(r.dropped_prefixes, [3]);
+    assert!(r.dropped_prefixes.is_empty());
     assert_eq!(d.sh(&id, "cat /root/f"), "second");
-    assert_eq!(listed(&d, &id), [2, 2]);
+    assert_eq!(listed(&d, &id), [2, 2, 3]);
 }
 
 #[test]
@@ -189,10 +255,9 @@ fn a_daemon_killed_during_a_rewinding_restore_leaves_a_ready_checkpoint_that_res
     let mut hit_old = 0;
     let mut hit_new = 0;
     for i in 0..8u32 {
-        // Back to three checkpoints with the ready one last.
-        if listed(&d, &id) == [1] {
-            step(&d, &id, 2);
-            step(&d, &id, 3);
+        // Back to C_3 ready: the same three checkpoints, nothing dropped by any restore.
+        if d.inspect(&id).ready_prefix != Some(3) {
+            restored(&d, &id, Some(3));
         }
         assert_eq!(listed(&d, &id), [1, 2, 3]);
         // Most of them near the end, where the pointer moves and the record is written.
@@ -229,10 +294,10 @@ fn a_daemon_killed_during_a_rewinding_restore_leaves_a_ready_checkpoint_that_res
                 assert_eq!(list, [1, 2, 3], "delay {delay:?}");
                 hit_old += 1;
             }
-            // Killed after: the later checkpoints are gone, at the latest from adoption on.
+            // Killed after: C_1 is ready, and C_2 and C_3 are still there as a branch.
             Some(1) => {
-                assert_eq!(list, [1], "delay {delay:?}");
-                assert_eq!(entries, ["c000001-k1"], "delay {delay:?}");
+                assert_eq!(list, [1, 2, 3], "delay {delay:?}");
+                assert_eq!(entries.len(), 3, "delay {delay:?}: {entries:?}");
                 hit_new += 1;
             }
             other => panic!(

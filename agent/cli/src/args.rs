@@ -256,10 +256,14 @@ pub struct CheckpointCmd {
 /// `belayer checkpoint <subcommand>`.
 #[derive(Debug, Subcommand)]
 pub enum CheckpointAction {
-    /// List the published checkpoints of a sandbox, up to the ready one.
+    /// List the checkpoints of a sandbox, every branch (`--json`: each with its `parent`
+    /// and whether it is the `ready` one).
     Ls {
         /// Sandbox id.
         id: String,
+        /// Draw the checkpoints as their tree: each under its parent, the ready one marked.
+        #[arg(long)]
+        tree: bool,
     },
 }
 
@@ -416,7 +420,7 @@ mod tests {
         assert!(matches!(
             cli.command,
             Command::Checkpoint(CheckpointCmd {
-                action: Some(CheckpointAction::Ls { ref id }),
+                action: Some(CheckpointAction::Ls { ref id, tree: false }),
                 ..
             }) if id == "sb-1"
         ));

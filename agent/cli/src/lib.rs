@@ -30,6 +30,7 @@ pub mod image;
 pub mod output;
 pub mod report;
 pub mod rollout;
+pub mod tree;
 
 use anyhow::{bail, Context, Result};
 use belayer_ipc::{CheckpointRequest, ExecRequest, Request, Response, SandboxSpec};
@@ -114,8 +115,13 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
         }
         Command::Checkpoint(cmd) => match cmd.action {
-            Some(CheckpointAction::Ls { id }) => {
-                p.response(call(&mut c, Request::ListCheckpoints { id })?)
+            Some(CheckpointAction::Ls { id, tree }) => {
+                match call(&mut c, Request::ListCheckpoints { id })? {
+                    Response::Checkpoints(list) if tree && !p.json => {
+                        print!("{}", tree::render(&list));
+                    }
+                    r => p.response(r),
+                }
             }
             None => {
                 let a = cmd.take;

@@ -256,15 +256,17 @@ impl Printer {
                 c.timings_ms.total
             ),
             Response::Checkpoints(v) => {
-                println!("CHECKPOINT\tPREFIX\tBYTES\tFROZEN_MS\tCREATED_MS");
+                println!("CHECKPOINT\tPREFIX\tBYTES\tFROZEN_MS\tCREATED_MS\tPARENT\tREADY");
                 for c in v {
                     println!(
-                        "{}\t{}\t{}\t{:.1}\t{}",
+                        "{}\t{}\t{}\t{:.1}\t{}\t{}\t{}",
                         c.checkpoint,
                         c.prefix,
                         c.bytes,
                         c.timings_ms.frozen_total,
-                        c.created_unix_ms
+                        c.created_unix_ms,
+                        c.parent.as_deref().unwrap_or("-"),
+                        if c.ready { "ready" } else { "" }
                     );
                 }
             }

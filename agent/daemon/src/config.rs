@@ -65,8 +65,8 @@ pub struct Config {
     /// Address (`IP:PORT`) of the Prometheus metrics endpoint (`GET /metrics`); `None`
     /// (the default): no endpoint.
     pub metrics_listen: Option<std::net::SocketAddr>,
-    /// Allow [`Self::metrics_listen`] on an address other than loopback (the metrics name
-    /// images and count sandboxes; by default only this node may read them).
+    /// Allow [`Self::metrics_listen`] on an address other than loopback (the metrics count
+    /// sandboxes, images and failures; by default only this node may read them).
     pub metrics_allow_remote: bool,
     /// Longest wait for a cgroup to freeze, milliseconds.
     pub freeze_timeout_ms: u64,

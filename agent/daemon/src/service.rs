@@ -19,13 +19,13 @@ use crate::cgroup::CgroupLayout;
 use crate::runtime::Runtime;
 use crate::sandbox::{self, SandboxSlot, SandboxState};
 use crate::store::CheckpointStore;
-use crate::sys;
 
 pub mod access;
 mod adopt;
 mod brief;
 pub mod contexts;
 mod create_api;
+mod gc;
 mod image_api;
 mod metrics_api;
 mod reap;
@@ -174,7 +174,6 @@ impl Agent {
     /// A fault the sandbox tracer saw (init exited, process killed from outside or by the OOM
     /// killer): marks a running sandbox failed at once and announces it (once per instance).
     fn on_fault(&self, id: &str, fault: &belayer_ebpf::Fault) {
-        self.metrics.infra_fault(fault.kind());
         let Some(slot) = self.slot(id) else { return };
         if !slot.fail() {
             return;
@@ -186,6 +185,7 @@ impl Agent {
             .unwrap_or_else(|p| p.into_inner())
             .insert((id.to_string(), instance));
         if fresh {
+            self.metrics.infra_fault(fault.kind());
             self.publish(Event::SandboxFailed {
                 id: id.to_string(),
                 reason: fault.to_string(),
@@ -234,46 +234,6 @@ impl Agent {
 
     fn info(slot: &SandboxSlot) -> SandboxInfo {
         slot.info(Self::ready_prefix(slot))
-    }
-
-    fn gc(&self, caller: &Caller, older_than_s: Option<u64>, tag: Option<&str>) -> Response {
-        if older_than_s.is_none() && tag.is_none() {
-            return Response::Error(ErrorReply {
-                code: ErrorCode::BadRequest,
-                message: "gc needs --older-than or --tag".into(),
-            });
-        }
-        let now = sys::now_unix_ms();
-        let (mut removed, mut bytes) = (0u64, 0u64);
-        for slot in self.slots_for(caller) {
-            let _op = slot.lock_op();
-            let rec = slot.record().clone();
-            let Ok(store) = CheckpointStore::open(&slot.paths.checkpoints()) else {
-                continue;
-            };
-            let tagged = tag.is_some() && rec.spec.tag.as_deref() == tag;
-            let ready = store.ready().ok().flatten();
-            let Ok(list) = store.list() else { continue };
-            for m in list {
-                let old =
-                    older_than_s.is_some_and(|s| now.saturating_sub(m.created_unix_ms) >= s * 1000);
-                let is_ready = ready.as_deref() == Some(m.checkpoint.as_str());
-                if tagged || (old && !is_ready) {
-                    if is_ready {
-                        let _ = store.clear_ready();
-                        // No ready checkpoint holds this state any more.
-                        slot.changes.forget();
-                    }
-                    if let Ok(b) = store.remove(&m.checkpoint) {
-                        removed += 1;
-                        bytes += b;
-                    }
-                }
-            }
-        }
-        bytes += self.collect_blobs();
-        tracing::info!(removed, bytes, "checkpoint gc");
-        Response::Gc { removed, bytes }
     }
 
     fn status(&self, caller: &Caller) -> Response {
@@ -357,9 +317,9 @@ impl Agent {
             Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
                 Some(slot) => {
                     let list =
-                        CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.list());
+                        CheckpointStore::open(&slot.paths.checkpoints()).and_then(|s| s.infos());
                     match list {
-                        Ok(ms) => Response::Checkpoints(ms.iter().map(|m| m.info()).collect()),
+                        Ok(infos) => Response::Checkpoints(infos),
                         Err(e) => error(ErrorCode::Internal, &e),
                     }
                 }

@@ -610,10 +610,11 @@ int belayer_restore(BelayerClient client,
                     struct BelayerRestoreInfo *out);
 
 // Restores sandbox `id` from its ready checkpoint of action boundary `prefix` (the latest one
-// taken at it) into a fresh instance, as [`belayer_restore`] does with the ready one. When
-// that checkpoint is older than the ready one, it becomes the ready checkpoint once the
-// restore succeeded, and the checkpoints published after it are dropped (the sandbox no
-// longer has that future); their number goes to `*out_dropped` when it is not NULL.
+// taken at it on the ready checkpoint's line, else on any branch) into a fresh instance, as
+// [`belayer_restore`] does with the ready one. That checkpoint becomes the ready one once the
+// restore succeeded; the checkpoints taken after it stay as a branch of the sandbox's tree,
+// so `*out_dropped` (when not NULL) is set to 0 (protocol 11; before, they were dropped and
+// counted there).
 //
 // Errors: `BELAYER_E_NOT_FOUND` when no ready checkpoint has that prefix (nothing is
 // touched); as [`belayer_restore`] otherwise.

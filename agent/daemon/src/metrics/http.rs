@@ -5,9 +5,14 @@
 //! finds the queue full is closed at once. A worker gives each connection [`REQUEST_DEADLINE`]
 //! in total to send a request head of at most [`MAX_HEAD_BYTES`] (slow senders and endless
 //! headers are cut off), answers it, and closes it (`Connection: close`, no keep-alive, no
-//! request body read). So the endpoint never holds more than `WORKERS + QUEUE` connections
-//! or more than `WORKERS + 1` threads, whatever clients do, and the agent's socket server is
-//! never touched by it. `httparse` parses the request head.
+//! request body read); it has [`SEND_TIMEOUT`] in total to take the answer, and closing
+//! drains what it still sends for at most [`LINGER`]. So the endpoint never holds more than
+//! `WORKERS + QUEUE` connections or more than `WORKERS + 1` threads, and no connection more
+//! than about 14 s, whatever clients do, and the agent's socket server is never touched by
+//! it. What it cannot do is tell a scraper from another local client: one that keeps opening
+//! idle connections (about a dozen a second) keeps the workers and the queue full and so
+//! keeps scrapes out while it lasts. The accept loop polls a stop flag, so dropping the
+//! server always ends it. `httparse` parses the request head.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -26,7 +31,7 @@ pub const MAX_HEAD_BYTES: usize = 8192;
 /// Time a client has to send its whole request head, counted from its accept (time spent
 /// queued counts).
 pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
-/// Time a client has to take the response.
+/// Time a client has to take the whole response.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Produces the body of `GET /metrics` (OpenMetrics text).
@@ -102,33 +107,63 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
+        // The accept loop sees the flag within one poll interval; once it returns, the
+        // queue's sender is gone and the workers end after their current connection (each
+        // bounded by the request, send and linger deadlines).
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop; once it returns, the queue's sender is gone and the workers
-        // end after their current connection.
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-        }
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
+/// How often the accept loop looks at the stop flag.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
 fn accept(
     listener: &TcpListener,
     tx: &std::sync::mpsc::SyncSender<(TcpStream, Instant)>,
     stop: &AtomicBool,
 ) {
+    use std::os::fd::AsFd;
     let mut last_warning: Option<Instant> = None;
+    let mut warn = |e: &dyn std::fmt::Display| {
+        // Out of descriptors and the like: say so once a minute, back off a little.
+        if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+            tracing::warn!(error = %e, "metrics endpoint: accept failed");
+            last_warning = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if let Err(e) = listener.set_nonblocking(true) {
+        warn(&e);
+        return;
+    }
     loop {
-        let conn = listener.accept();
         if stop.load(Ordering::SeqCst) {
             return;
         }
+        let mut fds = [nix::poll::PollFd::new(
+            listener.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let timeout =
+            nix::poll::PollTimeout::try_from(POLL_INTERVAL).unwrap_or(nix::poll::PollTimeout::NONE);
+        match nix::poll::poll(&mut fds, timeout) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                warn(&e);
+                continue;
+            }
+        }
+        let conn = match listener.accept() {
+            Ok((stream, _)) => stream.set_nonblocking(false).map(|()| stream),
+            Err(e) => Err(e),
+        };
         match conn {
-            Ok((stream, _)) => match tx.try_send((stream, Instant::now())) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Ok(stream) => match tx.try_send((stream, Instant::now())) {
                 Ok(()) => {}
                 Err(TrySendError::Full((stream, _))) => {
                     // Every worker busy and the queue full: close without reading.
@@ -136,14 +171,7 @@ fn accept(
                 }
                 Err(TrySendError::Disconnected(_)) => return,
             },
-            Err(e) => {
-                // Out of descriptors and the like: say so once a minute, back off a little.
-                if last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                    last_warning = Some(Instant::now());
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            Err(e) => warn(&e),
         }
     }
 }
@@ -169,14 +197,27 @@ enum Route {
 
 fn serve(mut stream: TcpStream, deadline: Instant, scrape: &Scrape) {
     let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(SEND_TIMEOUT));
     let route = match read_head(&mut stream, deadline) {
         Some(head) => route(&head),
         // Timed out, closed early or failed: nothing worth answering.
         None => return,
     };
     let (status, content_type, body, head_only) = match route {
-        Route::Metrics { head_only } => ("200 OK", super::CONTENT_TYPE, scrape(), head_only),
+        Route::Metrics { head_only } => {
+            // A scrape that panics answers 500 and leaves this worker serving.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scrape())) {
+                Ok(text) => ("200 OK", super::CONTENT_TYPE, text, head_only),
+                Err(_) => {
+                    tracing::error!("metrics endpoint: the scrape panicked");
+                    (
+                        "500 Internal Server Error",
+                        "text/plain",
+                        "scrape failed\n".into(),
+                        false,
+                    )
+                }
+            }
+        }
         Route::Index { head_only } => (
             "200 OK",
             "text/plain; charset=utf-8",
@@ -213,19 +254,56 @@ fn serve(mut stream: TcpStream, deadline: Instant, scrape: &Scrape) {
          Cache-Control: no-store\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    let _ = stream.write_all(head.as_bytes());
-    if !head_only {
-        let _ = stream.write_all(body.as_bytes());
+    let send_by = Instant::now() + SEND_TIMEOUT;
+    let sent = write_by(&mut stream, head.as_bytes(), send_by)
+        && (head_only || write_by(&mut stream, body.as_bytes(), send_by));
+    if sent {
+        linger(&mut stream);
     }
-    let _ = stream.flush();
-    // Half-close, then drop what the client may still be sending (briefly, boundedly), so that
-    // closing with unread bytes does not reset the connection before it read the answer.
-    let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(LINGER));
-    let _ = std::io::copy(&mut (&mut stream).take(LINGER_BYTES), &mut std::io::sink());
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Longest wait, and most bytes read, while closing a connection.
+/// Writes all of `bytes` by `deadline` (the time left set before each write); `false` when
+/// the client did not take them in time or the write failed.
+fn write_by(stream: &mut TcpStream, mut bytes: &[u8], deadline: Instant) -> bool {
+    while !bytes.is_empty() {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return false;
+        };
+        if left.is_zero() || stream.set_write_timeout(Some(left)).is_err() {
+            return false;
+        }
+        match stream.write(bytes) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => bytes = &bytes[n..],
+        }
+    }
+    true
+}
+
+/// Half-closes, then reads and drops what the client may still be sending, for at most
+/// [`LINGER`] in all and [`LINGER_BYTES`], so that closing with unread bytes does not reset
+/// the connection before the client read the answer.
+fn linger(stream: &mut TcpStream) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let deadline = Instant::now() + LINGER;
+    let mut drained = 0u64;
+    let mut chunk = [0u8; 4096];
+    while drained < LINGER_BYTES {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return;
+        };
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n as u64,
+        }
+    }
+}
+
+/// Longest wait in all, and most bytes read, while closing a connection.
 const LINGER: Duration = Duration::from_millis(500);
 const LINGER_BYTES: u64 = 64 << 10;
 
@@ -335,15 +413,20 @@ mod tests {
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
         assert!(ok.ends_with("\r\n\r\n# EOF\n"), "{ok}");
         // Clients that never finish their head fill the workers and the queue; one more is
-        // closed at once, without an answer.
+        // not served while they hold them: closed at once, or (when the workers were slow to
+        // take the idle ones, on a loaded machine) queued until the idle ones' deadline.
         let idle: Vec<TcpStream> = (0..WORKERS + QUEUE)
             .map(|_| TcpStream::connect(addr).expect("connect"))
             .collect();
         std::thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
         let extra = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
-        assert!(extra.is_empty(), "{extra}");
-        assert!(started.elapsed() < Duration::from_secs(1));
+        let waited = started.elapsed();
+        assert!(
+            extra.is_empty() || waited >= REQUEST_DEADLINE - Duration::from_millis(500),
+            "answered after {waited:?} while every slot was held: {extra}"
+        );
+        assert!(waited < REQUEST_DEADLINE * 2 + Duration::from_secs(2));
         // A client that keeps a worker without sending is cut off at the deadline.
         drop(idle);
         std::thread::sleep(Duration::from_millis(200));

@@ -362,7 +362,8 @@ impl Metrics {
             .inc();
     }
 
-    /// Records an infrastructure fault of `kind`, one of [`FAULT_KINDS`].
+    /// Records a sandbox instance lost to an infrastructure fault of `kind` (the first one
+    /// seen), one of [`FAULT_KINDS`]; called once per instance.
     pub fn infra_fault(&self, kind: &'static str) {
         self.infra_faults.get_or_create(&label("kind", kind)).inc();
     }
@@ -380,7 +381,15 @@ impl Metrics {
 
     /// The OpenMetrics text of every family, the gauges set from `live` first.
     pub fn encode(&self, live: &LiveSample) -> String {
+        self.encode_with(|| live.clone())
+    }
+
+    /// The OpenMetrics text of every family, the gauges set from the sample `sample` takes;
+    /// one scrape at a time, so that a slow scrape never sets older values over a newer
+    /// one's.
+    pub fn encode_with(&self, sample: impl FnOnce() -> LiveSample) -> String {
         let _one = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        let live = &sample();
         for state in SandboxState::ALL {
             let n = live
                 .sandboxes

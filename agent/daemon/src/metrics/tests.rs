@@ -35,6 +35,7 @@ fn recorded_events_and_live_state_appear_in_the_text() {
             ..Default::default()
         },
         created_unix_ms: 0,
+        ..Default::default()
     };
     m.checkpoint(Ok(&info));
     m.checkpoint(Err(ErrorCode::CheckpointFailed));

@@ -122,6 +122,8 @@ fn take(
     let rec = slot.record().clone();
     let id = rec.id.clone();
     let store = CheckpointStore::open(&slot.paths.checkpoints())?;
+    // The state being checkpointed descends from the ready checkpoint: its parent.
+    let parent = store.ready().ok().flatten();
     let mut staging = store.begin(req.prefix)?;
     let dir = staging.dir().to_path_buf();
     let criu_dir = dir.join("criu");
@@ -392,6 +394,7 @@ fn take(
         prefix: req.prefix,
         checkpoint: staging.name(),
         seq: staging.seq(),
+        parent,
         image: rec.spec.image.clone(),
         image_digest: rec.image_digest.clone(),
         instance: rec.instance,
@@ -447,6 +450,7 @@ fn take(
     t.total = ms(started);
     Ok(CheckpointInfo {
         timings_ms: t,
+        ready: true,
         ..manifest.info()
     })
 }

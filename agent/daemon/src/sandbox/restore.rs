@@ -46,8 +46,8 @@ fn ms(since: Instant) -> f64 {
 }
 
 /// Restores the sandbox in `slot` from its ready checkpoint, or from its base image when it has
-/// none; with `prefix`, from its latest ready checkpoint of that boundary (an earlier one
-/// becomes the ready checkpoint and the later ones are dropped, see [`rewind`]), or
+/// none; with `prefix`, from its ready checkpoint of that boundary (which becomes the ready
+/// checkpoint; the later ones stay as a branch, see [`rewind`]), or
 /// [`RestoreError::NoCheckpoint`] when it has none.
 pub fn restore(
     rt: &Runtime,
@@ -445,7 +445,8 @@ fn restore_locked(
         return Err(e);
     }
     restoring.done = true;
-    let dropped_prefixes = target.drop_future(&store, &id);
+    // The checkpoints after a restored earlier one stay: another branch of the tree.
+    let dropped_prefixes = Vec::new();
     if !traced {
         rt.tracer.track(&slot.record());
     }

@@ -1,7 +1,7 @@
 //! What the metrics endpoint reads from the agent: live state at scrape time, with the sizes
 //! of the on-disk stores cached (see [`StoreSizes`]).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use belayer_ipc::ServerStats;
@@ -12,12 +12,22 @@ use crate::metrics::{process_threads, LiveSample};
 /// How long a measured size of the blob store is reused before it is measured again.
 pub const BLOB_SIZE_TTL: Duration = Duration::from_secs(10);
 
-/// Cached sizes of the stores: the blob store's for [`BLOB_SIZE_TTL`] (walking it reads one
-/// directory entry per blob), the image stores' until an image request changes them.
+/// Cached sizes of the stores: the blob store's measured again in the background once older
+/// than [`BLOB_SIZE_TTL`] (walking it reads one directory entry per blob, and a sandbox can
+/// make many: a scrape never waits for it), the image stores' until an image request changes
+/// them.
 #[derive(Debug, Default)]
 pub(super) struct StoreSizes {
-    blobs: Mutex<Option<(Instant, (u64, u64))>>,
+    blobs: Arc<Mutex<BlobUsage>>,
     images: Mutex<Option<ImageSizes>>,
+}
+
+/// The last measured `(blobs, bytes)` of the blob store.
+#[derive(Debug, Default)]
+struct BlobUsage {
+    value: (u64, u64),
+    measured: Option<Instant>,
+    walking: bool,
 }
 
 impl StoreSizes {
@@ -38,7 +48,7 @@ impl Agent {
     /// The OpenMetrics text of every family, with the socket server's counts from `server`
     /// (`None`: reported as 0).
     pub fn scrape(&self, server: Option<&ServerStats>) -> String {
-        self.metrics.encode(&self.live_sample(server))
+        self.metrics.encode_with(|| self.live_sample(server))
     }
 
     fn live_sample(&self, server: Option<&ServerStats>) -> LiveSample {
@@ -69,25 +79,34 @@ impl Agent {
         }
     }
 
-    /// `(blobs, bytes)` of the blob store, measured at most once per [`BLOB_SIZE_TTL`]
-    /// (concurrent scrapes wait for one measurement).
+    /// `(blobs, bytes)` of the blob store as last measured (0 before the first measurement
+    /// ends); a stale value starts one walk on a thread of its own, never more than one.
     fn blob_usage(&self) -> (u64, u64) {
-        let mut cached = self
-            .store_sizes
-            .blobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some((at, usage)) = *cached {
-            if at.elapsed() < BLOB_SIZE_TTL {
-                return usage;
-            }
+        let cell = &self.store_sizes.blobs;
+        let mut usage = cell.lock().unwrap_or_else(|p| p.into_inner());
+        let stale = usage.measured.is_none_or(|t| t.elapsed() >= BLOB_SIZE_TTL);
+        if stale && !usage.walking {
+            let (cell, dir) = (Arc::clone(cell), self.rt.blobs.dir().to_path_buf());
+            let walk = move || {
+                let value = belayer_overlay::layer::BlobStore::open(&dir)
+                    .and_then(|store| store.usage())
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "metrics: cannot measure the blob store");
+                        (0, 0)
+                    });
+                let mut usage = cell.lock().unwrap_or_else(|p| p.into_inner());
+                *usage = BlobUsage {
+                    value,
+                    measured: Some(Instant::now()),
+                    walking: false,
+                };
+            };
+            usage.walking = std::thread::Builder::new()
+                .name("metrics-blobs".into())
+                .spawn(walk)
+                .is_ok();
         }
-        let usage = self.rt.blobs.usage().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "metrics: cannot measure the blob store");
-            (0, 0)
-        });
-        *cached = Some((Instant::now(), usage));
-        usage
+        usage.value
     }
 
     /// Images and stored layers, measured again only after an image request changed them.

@@ -58,6 +58,11 @@ pub struct Manifest {
     pub checkpoint: String,
     /// Sequence number within the sandbox (publication order).
     pub seq: u64,
+    /// The checkpoint that was ready when this one was taken: the state this one descends
+    /// from, its parent in the sandbox's tree of checkpoints (`None`: a root, taken from a
+    /// fresh or image-restarted instance, or written before checkpoints recorded parents).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
     /// Image (lower layer) the upper layer belongs to.
     pub image: String,
     /// Sandbox instance that was dumped.
@@ -131,6 +136,44 @@ pub struct LayerSummary {
 }
 
 impl Manifest {
+    /// A manifest of sandbox `sb` on image `img` with the given identity and artifacts and
+    /// nothing else (unit tests).
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        checkpoint: &str,
+        seq: u64,
+        prefix: u64,
+        parent: Option<String>,
+        context: Artifact,
+        upper: Artifact,
+    ) -> Manifest {
+        Manifest {
+            format: FORMAT_VERSION,
+            sandbox: "sb".into(),
+            prefix,
+            checkpoint: checkpoint.into(),
+            seq,
+            parent,
+            image: "img".into(),
+            instance: 0,
+            context: ContextRecord {
+                record: format!("sb/k{prefix}"),
+                artifact: context,
+            },
+            upper,
+            layer: LayerSummary::default(),
+            criu: vec![],
+            processes: vec![],
+            ns_last_pid: None,
+            own_netns: false,
+            image_digest: None,
+            upper_snapshot: None,
+            upper_bytes: None,
+            timings_ms: Default::default(),
+            created_unix_ms: 0,
+        }
+    }
+
     /// Every artifact, context first.
     pub fn artifacts(&self) -> impl Iterator<Item = &Artifact> {
         std::iter::once(&self.context.artifact)
@@ -154,6 +197,8 @@ impl Manifest {
             context_digest: self.context.artifact.digest.clone(),
             timings_ms: self.timings_ms.clone(),
             created_unix_ms: self.created_unix_ms,
+            parent: self.parent.clone(),
+            ready: false,
         }
     }
 }

@@ -3,13 +3,18 @@
 //! Atomic publication (paper: "atomic publication" invariant): a checkpoint is written under
 //! `.tmp-<random>`, every file and the directory are fsync'd, the directory is renamed to its
 //! final name `c<seq>-k<prefix>`, the parent directory is fsync'd, and only then the ready
-//! pointer `READY` (a small file holding the checkpoint name) is replaced by write + fsync +
-//! rename + fsync. A crash at any point leaves the previous `READY` in effect; leftovers
-//! (`.tmp-*`, or a renamed directory whose sequence number is above the ready one) are never
-//! listed and are removed by [`CheckpointStore::discard_unpublished`]; the next
-//! [`CheckpointStore::begin`] removes the renamed ones too, so that its sequence number never
-//! makes them visible. A restore of an earlier checkpoint points `READY` back at it and so
-//! turns the later checkpoints into such leftovers ([`CheckpointStore::discard_after_ready`]).
+//! pointer `READY` is replaced by write + fsync + rename + fsync. `READY` names the ready
+//! checkpoint and holds the **visibility bound**: the highest sequence number ever made ready.
+//! A checkpoint is visible when its sequence number is at most the bound; a crash at any point
+//! leaves the previous `READY` in effect, so leftovers (`.tmp-*`, or a renamed directory above
+//! the bound) are never listed and are removed by [`CheckpointStore::discard_unpublished`]
+//! and by the next [`CheckpointStore::begin`], so that its sequence number never makes them
+//! visible.
+//!
+//! Checkpoints form a tree: each manifest names its parent, the checkpoint that was ready
+//! when it was taken (the state it descends from). A restore of an earlier checkpoint points
+//! `READY` back at it without lowering the bound, so the checkpoints taken after it stay
+//! visible and restorable as another branch; the next checkpoint starts a new branch from it.
 
 pub mod manifest;
 pub mod snapshot;
@@ -25,6 +30,40 @@ use crate::sys;
 /// Name of the ready pointer file.
 pub const READY: &str = "READY";
 const MANIFEST: &str = "manifest.json";
+
+/// What `READY` holds: the ready checkpoint (none after [`CheckpointStore::clear_ready`])
+/// and the visibility bound. Written as `NAME\nbound N\n`; a pointer of an older store holds
+/// only the name, whose sequence number is then the bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Pointer {
+    name: Option<String>,
+    bound: u64,
+}
+
+impl Pointer {
+    fn parse(text: &str) -> Pointer {
+        let mut lines = text.lines();
+        let name = lines
+            .next()
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string);
+        let written = lines
+            .filter_map(|l| l.trim().strip_prefix("bound "))
+            .find_map(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let bound = written.max(name.as_deref().and_then(parse_seq).unwrap_or(0));
+        Pointer { name, bound }
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "{}\nbound {}\n",
+            self.name.as_deref().unwrap_or(""),
+            self.bound
+        )
+    }
+}
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -177,18 +216,28 @@ impl CheckpointStore {
     }
 
     /// Name of the ready checkpoint, if any.
+    ///
+    /// Errors: [`StoreError::DanglingReady`] when it names a checkpoint without a manifest.
     pub fn ready(&self) -> Result<Option<String>, StoreError> {
+        match self.pointer()?.name {
+            Some(name) if self.dir.join(&name).join(MANIFEST).is_file() => Ok(Some(name)),
+            Some(name) => Err(StoreError::DanglingReady(name)),
+            None => Ok(None),
+        }
+    }
+
+    /// The visibility bound: checkpoints with a sequence number above it are leftovers of
+    /// an interrupted publication.
+    pub fn bound(&self) -> Result<u64, StoreError> {
+        Ok(self.pointer()?.bound)
+    }
+
+    /// `READY` as it is (an absent file: no checkpoint, bound 0).
+    fn pointer(&self) -> Result<Pointer, StoreError> {
         let p = self.dir.join(READY);
         match fs::read_to_string(&p) {
-            Ok(s) => {
-                let name = s.trim().to_string();
-                if self.dir.join(&name).join(MANIFEST).is_file() {
-                    Ok(Some(name))
-                } else {
-                    Err(StoreError::DanglingReady(name))
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Ok(s) => Ok(Pointer::parse(&s)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Pointer::default()),
             Err(e) => Err(io("read", &p)(e)),
         }
     }
@@ -219,14 +268,13 @@ impl CheckpointStore {
 
     /// Starts a new checkpoint of prefix `prefix` in a fresh staging directory.
     ///
-    /// Published checkpoints above the ready one (a crash before their pointer moved, or
-    /// the future a restore of an earlier checkpoint left behind and could not remove) are
+    /// Published checkpoints above the bound (a crash before their pointer moved) are
     /// removed first: the new checkpoint's sequence number must not make them visible.
     pub fn begin(&self, prefix: u64) -> Result<Staging, StoreError> {
         let names = self.published_names()?;
-        let ready_seq = self.ready()?.as_deref().and_then(parse_seq).unwrap_or(0);
-        if names.last().is_some_and(|(s, _)| *s > ready_seq) {
-            self.discard_after_ready()?;
+        let bound = self.bound()?;
+        if names.last().is_some_and(|(s, _)| *s > bound) {
+            self.discard_invisible()?;
         }
         let seq = self.published_names()?.last().map_or(1, |(s, _)| s + 1);
         let dir = self.dir.join(format!(".tmp-{}", sys::random_hex(6)));
@@ -249,7 +297,9 @@ impl CheckpointStore {
         Ok(dest)
     }
 
-    /// Atomically points `READY` at `name` (write temp, fsync, rename, fsync dir).
+    /// Atomically points `READY` at `name` (write temp, fsync, rename, fsync dir); the bound
+    /// rises to `name`'s sequence number when that is higher, and never falls (an earlier
+    /// checkpoint made ready keeps the later ones visible).
     ///
     /// On an error the pointer names what it named before (when the rename took effect but
     /// the directory's fsync failed, it is pointed back), so `name` may be removed; except
@@ -262,7 +312,16 @@ impl CheckpointStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io("read", &ready)(e)),
         };
-        match self.write_pointer(Some(name)) {
+        let bound = previous
+            .as_deref()
+            .map(|p| Pointer::parse(p).bound)
+            .unwrap_or(0)
+            .max(parse_seq(name).unwrap_or(0));
+        let next = Pointer {
+            name: Some(name.to_string()),
+            bound,
+        };
+        match self.write_pointer(Some(&next.text())) {
             Ok(()) => Ok(()),
             Err((false, e)) => Err(e),
             Err((true, e)) => match self.write_pointer(previous.as_deref()) {
@@ -275,18 +334,18 @@ impl CheckpointStore {
         }
     }
 
-    /// Makes the ready pointer name `name` (`None`: removes it), durably. An error comes
-    /// with whether the pointer changed before it.
-    fn write_pointer(&self, name: Option<&str>) -> Result<(), (bool, StoreError)> {
+    /// Makes `READY` hold `text` (`None`: removes it), durably. An error comes with whether
+    /// the pointer changed before it.
+    fn write_pointer(&self, text: Option<&str>) -> Result<(), (bool, StoreError)> {
         let ready = self.dir.join(READY);
-        match name {
-            Some(name) => {
+        match text {
+            Some(text) => {
                 let tmp = self.dir.join(".READY.tmp");
                 let written =
                     fs::File::create(&tmp)
                         .map_err(io("create", &tmp))
                         .and_then(|mut f| {
-                            f.write_all(name.as_bytes()).map_err(io("write", &tmp))?;
+                            f.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
                             f.sync_all().map_err(io("fsync", &tmp))
                         });
                 written.map_err(|e| (false, e))?;
@@ -301,27 +360,27 @@ impl CheckpointStore {
         sys::fsync_path(&self.dir).map_err(|e| (true, io("fsync", &self.dir)(e.source)))
     }
 
-    /// Removes the ready pointer (the sandbox then restarts from its base image).
+    /// Makes no checkpoint ready (the sandbox then restarts from its base image); the bound
+    /// stays, so the remaining checkpoints stay visible.
     pub fn clear_ready(&self) -> Result<(), StoreError> {
-        self.write_pointer(None).map_err(|(_, e)| e)
+        let next = Pointer {
+            name: None,
+            bound: self.bound()?,
+        };
+        self.write_pointer(Some(&next.text())).map_err(|(_, e)| e)
     }
 
-    /// Removes staging leftovers and checkpoints published after the ready one (a crash between
+    /// Removes staging leftovers and checkpoints published above the bound (a crash between
     /// rename and pointer update). Returns how many were removed.
     pub fn discard_unpublished(&self) -> Result<usize, StoreError> {
-        let ready_seq = match self.ready() {
-            Ok(r) => r.as_deref().and_then(parse_seq).unwrap_or(0),
-            Err(StoreError::DanglingReady(_)) => 0,
-            Err(e) => return Err(e),
-        };
+        let bound = self.bound()?;
         let mut removed = 0;
         for e in fs::read_dir(&self.dir)
             .map_err(io("readdir", &self.dir))?
             .flatten()
         {
             let name = e.file_name().to_string_lossy().into_owned();
-            let stale =
-                name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > ready_seq);
+            let stale = name.starts_with(".tmp-") || parse_seq(&name).is_some_and(|s| s > bound);
             if stale {
                 snapshot::remove_checkpoint_dir(&e.path()).map_err(io("rmdir", &e.path()))?;
                 removed += 1;
@@ -330,35 +389,59 @@ impl CheckpointStore {
         Ok(removed)
     }
 
-    /// Name of the visible checkpoint (sequence ≤ the ready one) of action boundary
-    /// `prefix`, the latest one when several were taken at it; `None` when there is none.
+    /// Name of the visible checkpoint of action boundary `prefix` that a restore to `prefix`
+    /// uses: the latest one on the ready checkpoint's own line (it or its ancestors), else
+    /// the latest one of any branch; `None` when there is none.
     pub fn visible_of_prefix(&self, prefix: u64) -> Result<Option<String>, StoreError> {
-        let Some(ready) = self.ready()? else {
-            return Ok(None);
-        };
-        let ready_seq = parse_seq(&ready).unwrap_or(0);
+        if let Some(ready) = self.ready()? {
+            if let Some(own) = self
+                .ancestry(&ready)
+                .into_iter()
+                .find(|m| m.prefix == prefix)
+            {
+                return Ok(Some(own.checkpoint));
+            }
+        }
+        let bound = self.bound()?;
         Ok(self
             .published_names()?
             .into_iter()
-            .filter(|(seq, name)| *seq <= ready_seq && parse_prefix(name) == Some(prefix))
+            .filter(|(seq, name)| *seq <= bound && parse_prefix(name) == Some(prefix))
             .filter(|(_, name)| self.dir.join(name).join(MANIFEST).is_file())
             .map(|(_, name)| name)
             .next_back())
     }
 
-    /// Removes the published checkpoints above the ready one (every one, when none is
-    /// ready), which no listing shows; staging directories are left alone. A crash half-way
-    /// leaves some of them (perhaps half deleted) above the ready one, still invisible, for
-    /// the next call, the next [`Self::begin`] or [`Self::discard_unpublished`].
-    /// Returns the prefixes removed, oldest first.
+    /// The manifests of `name` and its ancestors, `name` first, as far as their manifests
+    /// can be read (a removed or unreadable one ends the line). Parents always have lower
+    /// sequence numbers; a manifest naming a later one ends the line too, so a damaged store
+    /// cannot make this loop.
+    pub fn ancestry(&self, name: &str) -> Vec<Manifest> {
+        let mut line: Vec<Manifest> = Vec::new();
+        let mut next = Some(name.to_string());
+        while let Some(current) = next.take() {
+            let Ok(m) = self.load(&current) else { break };
+            if line.last().is_some_and(|child| m.seq >= child.seq) {
+                break;
+            }
+            next = m.parent.clone();
+            line.push(m);
+        }
+        line
+    }
+
+    /// Removes the published checkpoints above the bound, which no listing shows; staging
+    /// directories are left alone. A crash half-way leaves some of them (perhaps half
+    /// deleted) above the bound, still invisible, for the next call, the next
+    /// [`Self::begin`] or [`Self::discard_unpublished`]. Returns the prefixes removed, oldest
+    /// first.
     ///
-    /// Errors: a dangling ready pointer ([`StoreError::DanglingReady`]: nothing is removed,
-    /// the ready checkpoint is unknown), or the first removal that failed.
-    pub fn discard_after_ready(&self) -> Result<Vec<u64>, StoreError> {
-        let ready_seq = self.ready()?.as_deref().and_then(parse_seq).unwrap_or(0);
+    /// Errors: `READY` cannot be read, or the first removal that failed.
+    pub fn discard_invisible(&self) -> Result<Vec<u64>, StoreError> {
+        let bound = self.bound()?;
         let mut removed = Vec::new();
         for (seq, name) in self.published_names()? {
-            if seq > ready_seq {
+            if seq > bound {
                 let p = self.dir.join(&name);
                 snapshot::remove_checkpoint_dir(&p).map_err(io("rmdir", &p))?;
                 removed.extend(parse_prefix(&name));
@@ -367,21 +450,33 @@ impl CheckpointStore {
         Ok(removed)
     }
 
-    /// Manifests of the visible checkpoints (sequence ≤ the ready one), oldest first.
+    /// Manifests of the visible checkpoints (sequence ≤ the bound) of every branch, oldest
+    /// first.
     pub fn list(&self) -> Result<Vec<Manifest>, StoreError> {
-        let Some(ready) = self.ready()? else {
-            return Ok(Vec::new());
-        };
-        let ready_seq = parse_seq(&ready).unwrap_or(0);
+        let bound = self.bound()?;
         let mut out = Vec::new();
         for (seq, name) in self.published_names()? {
-            if seq <= ready_seq {
+            if seq <= bound {
                 if let Ok(m) = self.load(&name) {
                     out.push(m);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// The wire description of every visible checkpoint, oldest first, the ready one
+    /// marked ([`belayer_ipc::CheckpointInfo::ready`]).
+    pub fn infos(&self) -> Result<Vec<belayer_ipc::CheckpointInfo>, StoreError> {
+        let ready = self.ready().ok().flatten();
+        Ok(self
+            .list()?
+            .iter()
+            .map(|m| belayer_ipc::CheckpointInfo {
+                ready: ready.as_deref() == Some(m.checkpoint.as_str()),
+                ..m.info()
+            })
+            .collect())
     }
 
     /// Reads the manifest of `name`.

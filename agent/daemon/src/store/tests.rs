@@ -1,41 +1,25 @@
-//! Unit tests of the checkpoint store: publication, the ready pointer, leftovers and the
-//! rewind of a restore of an earlier checkpoint.
+//! Unit tests of the checkpoint store: publication, the ready pointer and its bound,
+//! leftovers, and the tree a restore of an earlier checkpoint branches.
 
 use super::*;
 
 fn manifest(store: &CheckpointStore, staging: &Staging, prefix: u64) -> Manifest {
+    let parent = store.ready().unwrap();
     fs::write(staging.dir().join("context.bin"), b"ctx").unwrap();
     fs::write(staging.dir().join(UPPER_LAYER), b"layer").unwrap();
-    let m = Manifest {
-        format: FORMAT_VERSION,
-        sandbox: "sb".into(),
+    let m = Manifest::for_test(
+        &staging.name(),
+        staging.seq(),
         prefix,
-        checkpoint: staging.name(),
-        seq: staging.seq(),
-        image: "img".into(),
-        instance: 0,
-        context: ContextRecord {
-            record: format!("sb/k{prefix}"),
-            artifact: artifact(staging.dir(), "context.bin").unwrap(),
-        },
-        upper: artifact(staging.dir(), UPPER_LAYER).unwrap(),
-        layer: LayerSummary::default(),
-        criu: vec![],
-        processes: vec![],
-        ns_last_pid: None,
-        own_netns: false,
-        image_digest: None,
-        upper_snapshot: None,
-        upper_bytes: None,
-        timings_ms: Default::default(),
-        created_unix_ms: 0,
-    };
+        parent,
+        artifact(staging.dir(), "context.bin").unwrap(),
+        artifact(staging.dir(), UPPER_LAYER).unwrap(),
+    );
     fs::write(
         staging.dir().join(MANIFEST),
         serde_json::to_vec(&m).unwrap(),
     )
     .unwrap();
-    let _ = store;
     m
 }
 
@@ -105,7 +89,7 @@ fn prefixes(store: &CheckpointStore) -> Vec<u64> {
 }
 
 #[test]
-fn pointing_back_hides_the_later_checkpoints_at_every_step() {
+fn pointing_back_keeps_the_later_checkpoints_as_a_branch() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path()).unwrap();
     assert_eq!(store.visible_of_prefix(1).unwrap(), None);
@@ -113,26 +97,96 @@ fn pointing_back_hides_the_later_checkpoints_at_every_step() {
     // The latest checkpoint of a boundary; unknown boundaries are none.
     assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[2].clone()));
     assert_eq!(store.visible_of_prefix(7).unwrap(), None);
+    assert_eq!(store.bound().unwrap(), 4);
 
-    // Step 1: the pointer moves back. From here on (a crash at any later step) the later
-    // checkpoint is invisible and unrestorable by prefix.
+    // The pointer moves back to the first C_2: the bound stays, every checkpoint stays
+    // listed, and a restore by prefix prefers the ready checkpoint's own line.
     store.set_ready(&names[1]).unwrap();
-    assert_eq!(prefixes(&store), [1, 2]);
-    assert_eq!(store.visible_of_prefix(3).unwrap(), None);
+    assert_eq!(store.bound().unwrap(), 4);
+    assert_eq!(prefixes(&store), [1, 2, 2, 3]);
     assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[1].clone()));
-    // Step 2: it is dropped.
-    assert_eq!(store.discard_after_ready().unwrap(), [2, 3]);
-    assert_eq!(store.discard_after_ready().unwrap(), Vec::<u64>::new());
-    assert_eq!(store.names().unwrap(), names[..2]);
+    assert_eq!(store.visible_of_prefix(3).unwrap(), Some(names[3].clone()));
+    assert_eq!(store.discard_invisible().unwrap(), Vec::<u64>::new());
 
-    // A crash between the steps: the next checkpoint drops the hidden ones first, so its
-    // sequence number neither collides with them nor makes them visible again.
-    let later = published(&store, 3);
-    store.set_ready(&names[0]).unwrap();
+    // The next checkpoint is a child of the ready one, with the next sequence number.
+    let child = published(&store, 3);
+    assert_eq!(store.load(&child).unwrap().seq, 5);
+    assert_eq!(store.load(&child).unwrap().parent, Some(names[1].clone()));
+    let line: Vec<String> = store
+        .ancestry(&child)
+        .into_iter()
+        .map(|m| m.checkpoint)
+        .collect();
+    assert_eq!(line, [child.clone(), names[1].clone(), names[0].clone()]);
+    // On its line, boundary 3 is the child's; boundary 2 the first C_2.
+    assert_eq!(store.visible_of_prefix(3).unwrap(), Some(child.clone()));
+    assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[1].clone()));
+    let infos = store.infos().unwrap();
+    assert_eq!(infos.iter().filter(|i| i.ready).count(), 1);
+    assert!(infos
+        .last()
+        .is_some_and(|i| i.ready && i.checkpoint == child));
+
+    // A crash between a publication and its pointer: the checkpoint above the bound is
+    // invisible and the next one drops it first.
+    let mut orphan = store.begin(9).unwrap();
+    manifest(&store, &orphan, 9);
+    store.publish(&mut orphan).unwrap();
+    assert_eq!(prefixes(&store), [1, 2, 2, 3, 3]);
     let next = published(&store, 4);
-    assert_eq!(prefixes(&store), [1, 4]);
-    assert!(!store.path(&later).exists() && !store.path(&names[1]).exists());
+    assert!(!store.path(&orphan.name()).exists());
     assert_eq!(store.ready().unwrap(), Some(next));
+}
+
+#[test]
+fn the_pointer_file_reads_both_formats_and_clearing_keeps_the_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path()).unwrap();
+    let names: Vec<String> = [1, 2].iter().map(|k| published(&store, *k)).collect();
+    // A pointer written before the bound: the name alone, its sequence number the bound.
+    fs::write(tmp.path().join(READY), format!("{}\n", names[0])).unwrap();
+    assert_eq!(store.ready().unwrap(), Some(names[0].clone()));
+    assert_eq!(store.bound().unwrap(), 1);
+    assert_eq!(prefixes(&store), [1]);
+    store.set_ready(&names[1]).unwrap();
+    assert_eq!(store.bound().unwrap(), 2);
+    store.clear_ready().unwrap();
+    assert_eq!(store.ready().unwrap(), None);
+    assert_eq!(prefixes(&store), [1, 2]);
+    // Garbage in the file names nothing and bounds nothing.
+    fs::write(tmp.path().join(READY), "\nbound x\n").unwrap();
+    assert_eq!((store.ready().unwrap(), store.bound().unwrap()), (None, 0));
+    // A dangling name is an error for the ready checkpoint, not for the bound.
+    fs::write(tmp.path().join(READY), "c000009-k9\nbound 2\n").unwrap();
+    assert!(matches!(store.ready(), Err(StoreError::DanglingReady(_))));
+    assert_eq!(store.bound().unwrap(), 9);
+}
+
+#[test]
+fn ancestry_ends_at_a_parent_that_is_gone_or_not_earlier() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(tmp.path()).unwrap();
+    let names: Vec<String> = [1, 2, 3].iter().map(|k| published(&store, *k)).collect();
+    store.remove(&names[1]).unwrap();
+    let line: Vec<String> = store
+        .ancestry(&names[2])
+        .into_iter()
+        .map(|m| m.checkpoint)
+        .collect();
+    assert_eq!(line, [names[2].clone()]);
+    // A manifest naming a later checkpoint as its parent cannot make the walk loop.
+    let p = store.path(&names[0]).join(MANIFEST);
+    let mut m: Manifest = serde_json::from_slice(&fs::read(&p).unwrap()).unwrap();
+    m.parent = Some(names[2].clone());
+    fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+    let mut m3 = store.load(&names[2]).unwrap();
+    m3.parent = Some(names[0].clone());
+    fs::write(
+        store.path(&names[2]).join(MANIFEST),
+        serde_json::to_vec(&m3).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(store.ancestry(&names[2]).len(), 2);
 }
 
 #[test]

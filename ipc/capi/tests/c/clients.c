@@ -179,16 +179,16 @@ int main(int argc, char **argv) {
     belayer_checkpoint_list_free(&cps);
     CHECK(cps.items == NULL && cps.len == 0);
 
-    /* Restore of the middle prefix: C_2 becomes the ready checkpoint, C_3 is dropped. */
+    /* Restore of the middle prefix: C_2 becomes the ready checkpoint, C_3 stays as a branch. */
     OK(belayer_restore_to(c, id, 2, true, &restored, &dropped));
-    CHECK(restored.has_prefix && restored.prefix == 2 && dropped == 1);
+    CHECK(restored.has_prefix && restored.prefix == 2 && dropped == 0);
     CHECK(restored.context.len == 4 && memcmp(restored.context.data, "ctx2", 4) == 0);
     CHECK(restored.verified && restored.fs_matches && restored.processes_match);
     belayer_restore_info_free(&restored);
     OK(run(c, id, "cat log", NULL, out, sizeof out));
     CHECK(strcmp(out, "k1\nk2\n") == 0);
     OK(belayer_checkpoint_list(c, id, &cps));
-    CHECK(cps.len == 2 && cps.items[1].info.prefix == 2);
+    CHECK(cps.len == 3 && cps.items[1].info.prefix == 2 && cps.items[2].info.prefix == 3);
     belayer_checkpoint_list_free(&cps);
     dropped = 99;
     CHECK(belayer_restore_to(c, id, 7, false, &restored, &dropped) == BELAYER_E_NOT_FOUND);
@@ -207,11 +207,11 @@ int main(int argc, char **argv) {
     belayer_sandbox_list_free(&list);
     CHECK(list.items == NULL && list.len == 0);
 
-    /* gc by tag: every checkpoint of the tagged sandbox, ready one included. */
+    /* gc by tag: every checkpoint of the tagged sandbox, ready one and branch included. */
     OK(belayer_checkpoint(c, other, 1, NULL, 0, NULL));
     OK(belayer_checkpoint(c, other, 2, NULL, 0, NULL));
     OK(belayer_gc(c, -1, tag, &gc));
-    CHECK(gc.removed == 2 && gc.bytes > 0);
+    CHECK(gc.removed == 3 && gc.bytes > 0);
     OK(belayer_checkpoint_list(c, id, &cps));
     CHECK(cps.len == 0);
     belayer_checkpoint_list_free(&cps);

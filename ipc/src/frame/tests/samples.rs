@@ -41,6 +41,8 @@ pub(super) fn checkpoint_info() -> CheckpointInfo {
         checkpoint: "sb-1-3".to_owned(),
         bytes: 1 << 20,
         context_digest: "ab".repeat(32),
+        parent: Some("sb-1-2".to_owned()),
+        ready: true,
         timings_ms: CheckpointTimings {
             freeze: 1.5,
             fs_capture: 2.5,

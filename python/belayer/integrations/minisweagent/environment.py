@@ -268,7 +268,7 @@ class BelayerEnvironment:
         Args:
             prefix: restore the checkpoint of this earlier boundary instead (one of
                 ``self.sandbox.checkpoints()``), to go back to that step: it becomes the
-                ready checkpoint and the later ones are dropped. The sandbox need not have
+                ready checkpoint and the later ones stay as a branch. The sandbox need not have
                 failed; reload the agent with the returned L_k
                 (:func:`~belayer.integrations.minisweagent.load_context`).
 

@@ -1,16 +1,13 @@
-//! Which checkpoint a restore uses, and the rewind of the ready pointer when that is an
-//! earlier one than the ready checkpoint (a restore with `prefix`).
+//! Which checkpoint a restore uses, and the move of the ready pointer when that is another
+//! one than the ready checkpoint (a restore with `prefix`).
 //!
-//! Restoring C_K of an earlier boundary K gives the sandbox C_K's state: the checkpoints
-//! published after C_K hold a future it no longer has. Once the restored instance runs, and
-//! before the sandbox record names it, the ready pointer moves back to C_K (one atomic rename,
-//! [`CheckpointStore::set_ready`]); from then on the later checkpoints are invisible (the
-//! store lists only sequence numbers up to the ready one) and they are removed last
-//! ([`CheckpointStore::discard_after_ready`]). A daemon killed at any step leaves a ready
-//! checkpoint to restore: the old one (killed before the pointer moved: the sandbox is failed
-//! and its checkpoints untouched), or C_K (killed later: whatever of the future is left is
-//! invisible and removed at adoption or by the next checkpoint). Later work may keep such
-//! futures as branches instead of dropping them.
+//! Restoring C_K of boundary K gives the sandbox C_K's state. Once the restored instance
+//! runs, and before the sandbox record names it, the ready pointer moves to C_K (one atomic
+//! rename, [`CheckpointStore::set_ready`]); the visibility bound does not fall, so the
+//! checkpoints taken after C_K stay listed and restorable: they are another branch of the
+//! sandbox's tree, and the next checkpoint is a child of C_K. A daemon killed at any step
+//! leaves a ready checkpoint to restore: the old one (killed before the pointer moved: the
+//! sandbox is failed and its checkpoints untouched), or C_K (killed later).
 
 use super::RestoreError;
 use crate::store::CheckpointStore;
@@ -26,8 +23,8 @@ pub(super) struct Target {
 }
 
 impl Target {
-    /// The ready checkpoint (`prefix` `None`), or the latest visible one of boundary
-    /// `prefix`. Errors: the store's pointer or listing cannot be read
+    /// The ready checkpoint (`prefix` `None`), or the one of boundary `prefix`
+    /// ([`CheckpointStore::visible_of_prefix`]). Errors: the store's pointer or listing cannot be read
     /// ([`RestoreError::Corrupt`]); no ready checkpoint has that prefix
     /// ([`RestoreError::NoCheckpoint`]).
     pub(super) fn choose(
@@ -77,25 +74,6 @@ impl Target {
         if let (true, Some(old)) = (self.rewinds(), &self.ready) {
             if let Err(e) = store.set_ready(old) {
                 tracing::warn!(sandbox = %id, error = %e, "cannot point the ready checkpoint back");
-            }
-        }
-    }
-
-    /// Removes the checkpoints published after the chosen one, once the restored instance is
-    /// the sandbox's; returns their prefixes. A failure is logged: what is left is invisible
-    /// and goes at the next checkpoint or adoption.
-    pub(super) fn drop_future(&self, store: &CheckpointStore, id: &str) -> Vec<u64> {
-        if !self.rewinds() {
-            return Vec::new();
-        }
-        match store.discard_after_ready() {
-            Ok(dropped) => {
-                tracing::info!(sandbox = %id, ?dropped, "dropped the checkpoints after the restored one");
-                dropped
-            }
-            Err(e) => {
-                tracing::warn!(sandbox = %id, error = %e, "cannot drop the checkpoints after the restored one");
-                Vec::new()
             }
         }
     }
