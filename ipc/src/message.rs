@@ -70,12 +70,14 @@ pub enum Request {
     /// Restore the sandbox from a ready checkpoint into a fresh instance (paper: full_restore):
     /// the ready one, or the one of boundary `prefix`.
     ///
-    /// Restoring C_K of an earlier boundary (the latest of boundary K on the ready
-    /// checkpoint's own line, else the latest of any branch) moves the ready pointer to C_K
-    /// once the restore succeeded; the checkpoints taken after C_K stay, as another branch
-    /// of the sandbox's tree of checkpoints, and the next checkpoint's parent is C_K (since
-    /// protocol 11; before, they were dropped). A `prefix` with no ready checkpoint is
-    /// answered [`ErrorCode::NotFound`] naming it, and nothing is touched.
+    /// `prefix` names the latest checkpoint of boundary K on the ready checkpoint's own line
+    /// (it and its ancestors: the history of the state the sandbox runs); a checkpoint on
+    /// another branch is restored by name ([`Request::RestoreCheckpoint`]). Restoring C_K
+    /// moves the ready pointer to C_K once the restore succeeded; the checkpoints taken after
+    /// C_K stay, as another branch of the sandbox's tree of checkpoints, and the next
+    /// checkpoint's parent is C_K (since protocol 11; before, they were dropped). A `prefix`
+    /// with no checkpoint on that line is answered [`ErrorCode::NotFound`] naming it, and
+    /// nothing is touched.
     Restore {
         /// Sandbox id.
         id: String,
@@ -178,6 +180,20 @@ pub enum Request {
     /// ([`OciImportRequest::layers`] index them): an `oci:DIR[:TAG]` layout or a
     /// `docker-archive:FILE`. Answered by [`Response::Image`]. Since protocol 10.
     ImportOci(OciImportRequest),
+    /// Restore the sandbox from its checkpoint named `checkpoint` (a
+    /// [`CheckpointInfo::checkpoint`] of [`Request::ListCheckpoints`], on any branch of its
+    /// tree), as [`Request::Restore`] does with a prefix: it becomes the ready checkpoint and
+    /// the next checkpoint is its child. A name that is not one of the sandbox's visible
+    /// checkpoints is answered [`ErrorCode::NotFound`] naming it, and nothing is touched.
+    /// Answered by [`Response::Restored`]. Since protocol 11.
+    RestoreCheckpoint {
+        /// Sandbox id.
+        id: String,
+        /// Also check the restored state against the checkpoint, as for `Restore`.
+        verify: bool,
+        /// The checkpoint's name, `c<seq>-k<prefix>`.
+        checkpoint: String,
+    },
 }
 
 /// Everything `belayerd` answers.

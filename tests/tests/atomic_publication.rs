@@ -152,10 +152,16 @@ fn failing_checkpoints_on_a_branch_keep_the_tree() {
     assert_eq!(list[2].parent.as_deref(), Some(list[0].checkpoint.as_str()));
     assert_eq!(list[1].parent.as_deref(), Some(list[0].checkpoint.as_str()));
     for (k, state) in [(2, "k2"), (3, "k3"), (1, "k1")] {
-        match d.call(Request::Restore {
+        let name = list
+            .iter()
+            .find(|c| c.prefix == k)
+            .unwrap()
+            .checkpoint
+            .clone();
+        match d.call(Request::RestoreCheckpoint {
             id: id.clone(),
             verify: true,
-            prefix: Some(k),
+            checkpoint: name,
         }) {
             Response::Restored(r) => {
                 assert_eq!(r.context, format!("L{k}").into_bytes());

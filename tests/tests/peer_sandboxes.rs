@@ -67,6 +67,11 @@ fn a_group_member_sees_and_acts_only_on_its_own_sandboxes() {
                 verify: false,
                 prefix: None,
             },
+            Request::RestoreCheckpoint {
+                id: id.into(),
+                verify: false,
+                checkpoint: "c000001-k1".into(),
+            },
             Request::ListCheckpoints { id: id.into() },
             Request::RemoveSandbox { id: id.into() },
         ]

@@ -25,6 +25,18 @@ fn restored(d: &Daemon, id: &str, prefix: Option<u64>) -> RestoreInfo {
     }
 }
 
+/// Restores the checkpoint named `name` (any branch), which must succeed.
+fn restored_named(d: &Daemon, id: &str, name: &str) -> RestoreInfo {
+    match d.call(Request::RestoreCheckpoint {
+        id: id.into(),
+        verify: true,
+        checkpoint: name.into(),
+    }) {
+        Response::Restored(r) => r,
+        r => panic!("restore of {name} failed: {r:?}\n{}", d.log_text()),
+    }
+}
+
 fn listed(d: &Daemon, id: &str) -> Vec<u64> {
     checkpoints(d, id).into_iter().map(|c| c.prefix).collect()
 }
@@ -134,7 +146,18 @@ fn a_middle_prefix_restores_its_state_and_keeps_the_later_checkpoints_as_a_branc
     assert_eq!(r.prefix, Some(5));
     assert_eq!(log(&d, &id), "k1\nk2\nk5\n3");
 
-    // Every node restores to its own state, whichever branch it is on.
+    // A prefix names the ready line only (C_5, C_2, C_1): C_4 of the other branch is not
+    // found by it, and nothing is touched.
+    match restore_to(&d, &id, Some(4)) {
+        Response::Error(e) => assert_eq!(e.code, ErrorCode::NotFound, "{}", e.message),
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(tree(&d, &id).1, Some(5));
+    // By name, every node restores to its own state, whichever branch it is on.
+    let names: Vec<(u64, String)> = checkpoints(&d, &id)
+        .into_iter()
+        .map(|c| (c.prefix, c.checkpoint))
+        .collect();
     for (k, expected, procs) in [
         (4, "k1\nk2\nk3\nk4\n4", "1"),
         (3, "k1\nk2\nk3\n3", "1"),
@@ -142,17 +165,32 @@ fn a_middle_prefix_restores_its_state_and_keeps_the_later_checkpoints_as_a_branc
         (1, "k1\n1", "0"),
         (2, "k1\nk2\n2", "1"),
     ] {
-        let r = restored(&d, &id, Some(k));
+        let name = &names.iter().find(|(p, _)| *p == k).unwrap().1;
+        let r = restored_named(&d, &id, name);
         assert_eq!(
             (r.prefix, r.context.clone()),
             (Some(k), format!("ctx{k}").into_bytes())
         );
+        let v = r.validity.expect("verified");
+        assert!(v.fs_matches && v.processes_match, "C_{k}: {v:?}");
         assert_eq!(log(&d, &id), expected, "C_{k}");
         assert_eq!(background(&d, &id), procs, "C_{k}");
         assert_eq!(tree(&d, &id).1, Some(k));
     }
+    // Names that are no visible checkpoint of the sandbox are not found.
+    for bad in ["c000099-k1", "../c000001-k1", "READY", ""] {
+        match d.call(Request::RestoreCheckpoint {
+            id: id.clone(),
+            verify: false,
+            checkpoint: bad.into(),
+        }) {
+            Response::Error(e) => assert_eq!(e.code, ErrorCode::NotFound, "{bad}: {}", e.message),
+            r => panic!("{bad}: {r:?}"),
+        }
+    }
+    assert_eq!(tree(&d, &id).1, Some(2));
 
-    // Back at C_1, a third branch.
+    // Back at C_1 (on the line of C_2), a third branch.
     restored(&d, &id, Some(1));
     step(&d, &id, 6);
     let (edges, ready) = tree(&d, &id);
@@ -176,6 +214,12 @@ fn a_middle_prefix_restores_its_state_and_keeps_the_later_checkpoints_as_a_branc
         lines[5].starts_with("└─ c000006-k6") && lines[5].ends_with("(ready)"),
         "{text}"
     );
+    // The CLI restores a checkpoint of another branch by name.
+    let c4 = json[3]["checkpoint"].as_str().unwrap().to_string();
+    let out = belayer_tests::cli::belayer_json(&d, &["restore", &id, "--checkpoint", &c4]);
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(r["prefix"], 4, "{r}");
+    assert_eq!(log(&d, &id), "k1\nk2\nk3\nk4\n4");
 }
 
 #[test]
@@ -255,9 +299,11 @@ fn a_daemon_killed_during_a_rewinding_restore_leaves_a_ready_checkpoint_that_res
     let mut hit_old = 0;
     let mut hit_new = 0;
     for i in 0..8u32 {
-        // Back to C_3 ready: the same three checkpoints, nothing dropped by any restore.
+        // Back to C_3 ready (by name: from C_1 it is on another line): the same three
+        // checkpoints, nothing dropped by any restore.
         if d.inspect(&id).ready_prefix != Some(3) {
-            restored(&d, &id, Some(3));
+            let c3 = checkpoints(&d, &id).pop().expect("C_3").checkpoint;
+            restored_named(&d, &id, &c3);
         }
         assert_eq!(listed(&d, &id), [1, 2, 3]);
         // Most of them near the end, where the pointer moves and the record is written.

@@ -292,10 +292,13 @@ pub struct RestoreArgs {
     /// Check the restored upper layer and process list against the checkpoint.
     #[arg(long)]
     pub verify: bool,
-    /// Restore the ready checkpoint of action boundary K instead of the latest one; it
-    /// becomes the ready checkpoint and the checkpoints taken after it are dropped.
-    #[arg(long, value_name = "K")]
+    /// Restore the checkpoint of action boundary K on the ready checkpoint's line instead;
+    /// it becomes the ready checkpoint and the checkpoints taken after it stay as a branch.
+    #[arg(long, value_name = "K", conflicts_with = "checkpoint")]
     pub prefix: Option<u64>,
+    /// Restore this checkpoint (a name `checkpoint ls` lists, on any branch) instead.
+    #[arg(long, value_name = "NAME")]
+    pub checkpoint: Option<String>,
 }
 
 /// Arguments of `cp`.

@@ -145,10 +145,17 @@ pub fn run(cli: Cli) -> Result<i32> {
         },
         Command::Restore(a) => match call(
             &mut c,
-            Request::Restore {
-                id: a.id,
-                verify: a.verify,
-                prefix: a.prefix,
+            match a.checkpoint {
+                Some(checkpoint) => Request::RestoreCheckpoint {
+                    id: a.id,
+                    verify: a.verify,
+                    checkpoint,
+                },
+                None => Request::Restore {
+                    id: a.id,
+                    verify: a.verify,
+                    prefix: a.prefix,
+                },
             },
         )? {
             Response::Restored(r) => p.restored(&r, a.context_out.as_deref())?,

@@ -312,7 +312,16 @@ impl Agent {
             Request::Exec(req) => self.exec_action(caller, &req),
             Request::Checkpoint(req) => self.checkpoint_now(caller, &req),
             Request::Restore { id, verify, prefix } => {
-                self.restore_now(caller, &id, verify, prefix)
+                let choice = sandbox::restore::Choice::prefix(prefix);
+                self.restore_now(caller, &id, verify, choice)
+            }
+            Request::RestoreCheckpoint {
+                id,
+                verify,
+                checkpoint,
+            } => {
+                let choice = sandbox::restore::Choice::Named(checkpoint);
+                self.restore_now(caller, &id, verify, choice)
             }
             Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
                 Some(slot) => {

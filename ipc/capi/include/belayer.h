@@ -610,7 +610,7 @@ int belayer_restore(BelayerClient client,
                     struct BelayerRestoreInfo *out);
 
 // Restores sandbox `id` from its ready checkpoint of action boundary `prefix` (the latest one
-// taken at it on the ready checkpoint's line, else on any branch) into a fresh instance, as
+// taken at it on the ready checkpoint's line: it and its ancestors) into a fresh instance, as
 // [`belayer_restore`] does with the ready one. That checkpoint becomes the ready one once the
 // restore succeeded; the checkpoints taken after it stay as a branch of the sandbox's tree,
 // so `*out_dropped` (when not NULL) is set to 0 (protocol 11; before, they were dropped and

@@ -37,6 +37,7 @@ use crate::sys;
 
 mod error;
 mod rewind;
+pub use rewind::Choice;
 mod upper;
 pub use error::RestoreError;
 pub(crate) use upper::{charged_bytes, ghost_bytes};
@@ -46,18 +47,18 @@ fn ms(since: Instant) -> f64 {
 }
 
 /// Restores the sandbox in `slot` from its ready checkpoint, or from its base image when it has
-/// none; with `prefix`, from its ready checkpoint of that boundary (which becomes the ready
-/// checkpoint; the later ones stay as a branch, see [`rewind`]), or
-/// [`RestoreError::NoCheckpoint`] when it has none.
+/// none; or from the checkpoint `choice` names, of a boundary on the ready line or by name
+/// (it becomes the ready checkpoint; the later ones stay as a branch, see [`rewind`]), or
+/// [`RestoreError::NoCheckpoint`] / [`RestoreError::NoSuchCheckpoint`] when there is none.
 pub fn restore(
     rt: &Runtime,
     slot: &SandboxSlot,
     verify: bool,
-    prefix: Option<u64>,
+    choice: &rewind::Choice,
 ) -> Result<RestoreInfo, RestoreError> {
     let started = Instant::now();
     let _op = slot.lock_op();
-    let (info, baseline) = restore_locked(rt, slot, verify, prefix, started)?;
+    let (info, baseline) = restore_locked(rt, slot, verify, choice, started)?;
     // Clean only when the tracer's baseline is the restored state itself; otherwise unknown
     // until the next checkpoint.
     if baseline {
@@ -73,7 +74,7 @@ fn restore_locked(
     rt: &Runtime,
     slot: &SandboxSlot,
     verify: bool,
-    prefix: Option<u64>,
+    choice: &rewind::Choice,
     started: Instant,
 ) -> Result<(RestoreInfo, bool), RestoreError> {
     let rec = slot.refresh();
@@ -86,7 +87,7 @@ fn restore_locked(
         id: id.clone(),
         source,
     };
-    let target = rewind::Target::choose(&store, &id, prefix)?;
+    let target = rewind::Target::choose(&store, &id, choice)?;
     // Unknown from here (a refused prefix, above, changes nothing) while the old instance is
     // torn down and the new one built; the ready state once it is restored.
     slot.changes.forget();

@@ -103,7 +103,11 @@ impl Agent {
                 .unwrap_or_default();
             for name in doomed(&list, &line, ready.as_deref(), tagged, old) {
                 if ready.as_deref() == Some(name.as_str()) {
-                    let _ = store.clear_ready();
+                    if let Err(e) = store.clear_ready() {
+                        // Removing it would leave `READY` naming nothing.
+                        tracing::warn!(sandbox = %rec.id, error = %e, "gc keeps the ready checkpoint");
+                        continue;
+                    }
                     // No ready checkpoint holds this state any more.
                     slot.changes.forget();
                 }

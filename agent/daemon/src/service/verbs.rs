@@ -40,20 +40,20 @@ impl Agent {
         }
     }
 
-    /// `Restore`: restores the ready checkpoint (or prefix `prefix`) into a fresh instance,
-    /// once more when CRIU tripped on a task's SIGTRAP, and counts the outcome.
+    /// `Restore` and `RestoreCheckpoint`: restores the checkpoint `choice` names into a fresh
+    /// instance, once more when CRIU tripped on a task's SIGTRAP, and counts the outcome.
     pub(super) fn restore_now(
         &self,
         caller: &Caller,
         id: &str,
         verify: bool,
-        prefix: Option<u64>,
+        choice: sandbox::restore::Choice,
     ) -> Response {
         let Some(slot) = self.slot_for(caller, id) else {
             self.metrics.restore(Err(ErrorCode::UnknownSandbox));
             return unknown(id);
         };
-        let restore = || sandbox::restore::restore(&self.rt, &slot, verify, prefix);
+        let restore = || sandbox::restore::restore(&self.rt, &slot, verify, &choice);
         let mut restored = restore();
         if let Err(e) = &restored {
             if e.is_criu_trap() {

@@ -17,53 +17,19 @@
 //! visible and restorable as another branch; the next checkpoint starts a new branch from it.
 
 pub mod manifest;
+pub mod pointer;
 pub mod snapshot;
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 pub use manifest::{Artifact, ContextRecord, LayerSummary, Manifest, FORMAT_VERSION, UPPER_LAYER};
 
 use crate::sys;
 
-/// Name of the ready pointer file.
-pub const READY: &str = "READY";
+pub use pointer::{BOUND, READY};
 const MANIFEST: &str = "manifest.json";
-
-/// What `READY` holds: the ready checkpoint (none after [`CheckpointStore::clear_ready`])
-/// and the visibility bound. Written as `NAME\nbound N\n`; a pointer of an older store holds
-/// only the name, whose sequence number is then the bound.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Pointer {
-    name: Option<String>,
-    bound: u64,
-}
-
-impl Pointer {
-    fn parse(text: &str) -> Pointer {
-        let mut lines = text.lines();
-        let name = lines
-            .next()
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(str::to_string);
-        let written = lines
-            .filter_map(|l| l.trim().strip_prefix("bound "))
-            .find_map(|n| n.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        let bound = written.max(name.as_deref().and_then(parse_seq).unwrap_or(0));
-        Pointer { name, bound }
-    }
-
-    fn text(&self) -> String {
-        format!(
-            "{}\nbound {}\n",
-            self.name.as_deref().unwrap_or(""),
-            self.bound
-        )
-    }
-}
 
 /// Store errors.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +75,15 @@ pub enum StoreError {
     /// The ready pointer names a checkpoint that does not exist.
     #[error("ready pointer names missing checkpoint {0}")]
     DanglingReady(String),
+    /// `READY` or `BOUND` holds something else than a checkpoint name or a number: nothing
+    /// is known to be a leftover, so nothing is deleted.
+    #[error("{path} holds {text:?}, not a checkpoint name or a sequence number")]
+    BadPointer {
+        /// The file.
+        path: PathBuf,
+        /// What it holds (at most 80 characters).
+        text: String,
+    },
     /// The ready pointer was renamed to name `checkpoint` but could not be made durable, and
     /// pointing it back failed too: it names `checkpoint` now (which must be kept), and after
     /// a crash it may name the previous one.
@@ -170,11 +145,11 @@ fn checkpoint_name(seq: u64, prefix: u64) -> String {
 }
 
 fn parse_seq(name: &str) -> Option<u64> {
-    name.strip_prefix('c')?.split('-').next()?.parse().ok()
+    pointer::parse_name(name).map(|(seq, _)| seq)
 }
 
 fn parse_prefix(name: &str) -> Option<u64> {
-    name.strip_prefix('c')?.split_once("-k")?.1.parse().ok()
+    pointer::parse_name(name).map(|(_, prefix)| prefix)
 }
 
 /// The checkpoints of one sandbox.
@@ -219,27 +194,30 @@ impl CheckpointStore {
     ///
     /// Errors: [`StoreError::DanglingReady`] when it names a checkpoint without a manifest.
     pub fn ready(&self) -> Result<Option<String>, StoreError> {
-        match self.pointer()?.name {
+        match pointer::read_ready(&self.dir)? {
             Some(name) if self.dir.join(&name).join(MANIFEST).is_file() => Ok(Some(name)),
             Some(name) => Err(StoreError::DanglingReady(name)),
             None => Ok(None),
         }
     }
 
-    /// The visibility bound: checkpoints with a sequence number above it are leftovers of
-    /// an interrupted publication.
+    /// The visibility bound (see [`pointer`]): checkpoints with a sequence number above it
+    /// are leftovers of an interrupted publication.
+    ///
+    /// Errors: [`StoreError::BadPointer`], [`StoreError::Io`].
     pub fn bound(&self) -> Result<u64, StoreError> {
-        Ok(self.pointer()?.bound)
+        let ready = pointer::read_ready(&self.dir)?
+            .as_deref()
+            .and_then(parse_seq);
+        Ok(pointer::read_bound(&self.dir)?.max(ready.unwrap_or(0)))
     }
 
-    /// `READY` as it is (an absent file: no checkpoint, bound 0).
-    fn pointer(&self) -> Result<Pointer, StoreError> {
-        let p = self.dir.join(READY);
-        match fs::read_to_string(&p) {
-            Ok(s) => Ok(Pointer::parse(&s)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Pointer::default()),
-            Err(e) => Err(io("read", &p)(e)),
+    /// Makes `BOUND` hold `bound`, durably, when it holds less.
+    fn raise_bound(&self, bound: u64) -> Result<(), StoreError> {
+        if pointer::read_bound(&self.dir)? >= bound {
+            return Ok(());
         }
+        pointer::write(&self.dir, BOUND, Some(&format!("{bound}\n"))).map_err(|(_, e)| e)
     }
 
     fn published_names(&self) -> Result<Vec<(u64, String)>, StoreError> {
@@ -249,7 +227,7 @@ impl CheckpointStore {
             .flatten()
         {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(seq) = parse_seq(&name) {
+            if let Some((seq, _)) = pointer::parse_name(&name) {
                 out.push((seq, name));
             }
         }
@@ -276,7 +254,10 @@ impl CheckpointStore {
         if names.last().is_some_and(|(s, _)| *s > bound) {
             self.discard_invisible()?;
         }
-        let seq = self.published_names()?.last().map_or(1, |(s, _)| s + 1);
+        // Above every name ever made ready too, so that a number is never used twice (a
+        // removed branch's numbers stay under the bound).
+        let last = self.published_names()?.last().map_or(0, |(s, _)| *s);
+        let seq = last.max(self.bound()?) + 1;
         let dir = self.dir.join(format!(".tmp-{}", sys::random_hex(6)));
         fs::create_dir(&dir).map_err(io("mkdir", &dir))?;
         Ok(Staging {
@@ -298,76 +279,49 @@ impl CheckpointStore {
     }
 
     /// Atomically points `READY` at `name` (write temp, fsync, rename, fsync dir); the bound
-    /// rises to `name`'s sequence number when that is higher, and never falls (an earlier
-    /// checkpoint made ready keeps the later ones visible).
+    /// never falls: moving back to an earlier checkpoint first makes `BOUND` hold the
+    /// current bound, so the later checkpoints stay visible (see [`pointer`] for the order;
+    /// a move forward writes only `READY`).
     ///
     /// On an error the pointer names what it named before (when the rename took effect but
     /// the directory's fsync failed, it is pointed back), so `name` may be removed; except
     /// [`StoreError::PointerMoved`]: pointing back failed as well, the pointer names `name`,
     /// and `name` must be kept.
     pub fn set_ready(&self, name: &str) -> Result<(), StoreError> {
-        let ready = self.dir.join(READY);
-        let previous = match fs::read_to_string(&ready) {
-            Ok(p) => Some(p),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io("read", &ready)(e)),
+        let Some((seq, _)) = pointer::parse_name(name) else {
+            return Err(StoreError::BadPointer {
+                path: self.dir.join(READY),
+                text: name.chars().take(80).collect(),
+            });
         };
-        let bound = previous
-            .as_deref()
-            .map(|p| Pointer::parse(p).bound)
-            .unwrap_or(0)
-            .max(parse_seq(name).unwrap_or(0));
-        let next = Pointer {
-            name: Some(name.to_string()),
-            bound,
-        };
-        match self.write_pointer(Some(&next.text())) {
-            Ok(()) => Ok(()),
-            Err((false, e)) => Err(e),
-            Err((true, e)) => match self.write_pointer(previous.as_deref()) {
-                Ok(()) => Err(e),
-                Err(_) => Err(StoreError::PointerMoved {
-                    checkpoint: name.to_string(),
-                    source: Box::new(e),
-                }),
-            },
+        let bound = self.bound()?;
+        if seq < bound {
+            self.raise_bound(bound)?;
         }
-    }
-
-    /// Makes `READY` hold `text` (`None`: removes it), durably. An error comes with whether
-    /// the pointer changed before it.
-    fn write_pointer(&self, text: Option<&str>) -> Result<(), (bool, StoreError)> {
-        let ready = self.dir.join(READY);
-        match text {
-            Some(text) => {
-                let tmp = self.dir.join(".READY.tmp");
-                let written =
-                    fs::File::create(&tmp)
-                        .map_err(io("create", &tmp))
-                        .and_then(|mut f| {
-                            f.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
-                            f.sync_all().map_err(io("fsync", &tmp))
-                        });
-                written.map_err(|e| (false, e))?;
-                fs::rename(&tmp, &ready).map_err(|e| (false, io("rename", &ready)(e)))?;
+        let previous = pointer::read_ready(&self.dir)?;
+        match pointer::write(&self.dir, READY, Some(name)) {
+            Ok(()) => {}
+            Err((false, e)) => return Err(e),
+            Err((true, e)) => {
+                return match pointer::write(&self.dir, READY, previous.as_deref()) {
+                    Ok(()) => Err(e),
+                    Err(_) => Err(StoreError::PointerMoved {
+                        checkpoint: name.to_string(),
+                        source: Box::new(e),
+                    }),
+                }
             }
-            None => match fs::remove_file(&ready) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err((false, io("unlink", &ready)(e))),
-            },
         }
-        sys::fsync_path(&self.dir).map_err(|e| (true, io("fsync", &self.dir)(e.source)))
+        // Moving forward, the new name bounds by itself: `BOUND` is written only before a
+        // move back or a clear, which is when the name would stop bounding.
+        Ok(())
     }
 
     /// Makes no checkpoint ready (the sandbox then restarts from its base image); the bound
-    /// stays, so the remaining checkpoints stay visible.
+    /// is written first and stays, so the remaining checkpoints stay visible.
     pub fn clear_ready(&self) -> Result<(), StoreError> {
-        let next = Pointer {
-            name: None,
-            bound: self.bound()?,
-        };
-        self.write_pointer(Some(&next.text())).map_err(|(_, e)| e)
+        self.raise_bound(self.bound()?)?;
+        pointer::write(&self.dir, READY, None).map_err(|(_, e)| e)
     }
 
     /// Removes staging leftovers and checkpoints published above the bound (a crash between
@@ -389,41 +343,50 @@ impl CheckpointStore {
         Ok(removed)
     }
 
-    /// Name of the visible checkpoint of action boundary `prefix` that a restore to `prefix`
-    /// uses: the latest one on the ready checkpoint's own line (it or its ancestors), else
-    /// the latest one of any branch; `None` when there is none.
-    pub fn visible_of_prefix(&self, prefix: u64) -> Result<Option<String>, StoreError> {
-        if let Some(ready) = self.ready()? {
-            if let Some(own) = self
-                .ancestry(&ready)
-                .into_iter()
-                .find(|m| m.prefix == prefix)
-            {
-                return Ok(Some(own.checkpoint));
-            }
-        }
-        let bound = self.bound()?;
+    /// Name of the latest checkpoint of action boundary `prefix` on the ready checkpoint's
+    /// line (it and its ancestors: the history of the state the sandbox runs); `None` when
+    /// that line has none (a checkpoint of another branch is chosen by name, [`Self::visible`]).
+    pub fn line_of_prefix(&self, prefix: u64) -> Result<Option<String>, StoreError> {
+        let Some(ready) = self.ready()? else {
+            return Ok(None);
+        };
         Ok(self
-            .published_names()?
+            .ancestry(&ready)
             .into_iter()
-            .filter(|(seq, name)| *seq <= bound && parse_prefix(name) == Some(prefix))
-            .filter(|(_, name)| self.dir.join(name).join(MANIFEST).is_file())
-            .map(|(_, name)| name)
-            .next_back())
+            .find(|m| m.prefix == prefix)
+            .map(|m| m.checkpoint))
+    }
+
+    /// `name` when it is a visible checkpoint (a plain checkpoint name, at most the bound,
+    /// with a manifest); `None` otherwise.
+    pub fn visible(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let Some((seq, _)) = pointer::parse_name(name) else {
+            return Ok(None);
+        };
+        let visible = seq <= self.bound()? && self.dir.join(name).join(MANIFEST).is_file();
+        Ok(visible.then(|| name.to_string()))
     }
 
     /// The manifests of `name` and its ancestors, `name` first, as far as their manifests
-    /// can be read (a removed or unreadable one ends the line). Parents always have lower
-    /// sequence numbers; a manifest naming a later one ends the line too, so a damaged store
-    /// cannot make this loop.
+    /// can be read (a removed or unreadable one ends the line). A parent must be a plain
+    /// checkpoint name (no path) with a lower sequence number than its child's name: a
+    /// damaged or hostile manifest ends the line there, so the walk can neither loop nor
+    /// leave the store.
     pub fn ancestry(&self, name: &str) -> Vec<Manifest> {
         let mut line: Vec<Manifest> = Vec::new();
         let mut next = Some(name.to_string());
         while let Some(current) = next.take() {
-            let Ok(m) = self.load(&current) else { break };
-            if line.last().is_some_and(|child| m.seq >= child.seq) {
+            let Some((seq, _)) = pointer::parse_name(&current) else {
+                break;
+            };
+            let earlier = line
+                .last()
+                .and_then(|child| parse_seq(&child.checkpoint))
+                .is_none_or(|child| seq < child);
+            if !earlier {
                 break;
             }
+            let Ok(m) = self.load(&current) else { break };
             next = m.parent.clone();
             line.push(m);
         }
@@ -481,6 +444,12 @@ impl CheckpointStore {
 
     /// Reads the manifest of `name`.
     pub fn load(&self, name: &str) -> Result<Manifest, StoreError> {
+        if pointer::parse_name(name).is_none() {
+            return Err(StoreError::BadManifest {
+                checkpoint: name.chars().take(80).collect(),
+                reason: "not a checkpoint name".into(),
+            });
+        }
         let p = self.dir.join(name).join(MANIFEST);
         let bytes = fs::read(&p).map_err(io("read", &p))?;
         let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| StoreError::BadManifest {
@@ -559,13 +528,29 @@ impl CheckpointStore {
     /// Deletes checkpoint `name`.
     /// Returns the bytes of its artifacts (its blobs are freed by the blob collection once no
     /// other checkpoint refers to them).
+    ///
+    /// The directory is first renamed to `.tmp-del-<name>` (and the store fsync'd), so that
+    /// a crash half-way through the deletion leaves a leftover the next adoption removes,
+    /// never a listed checkpoint with missing artifacts.
+    ///
+    /// Errors: [`StoreError::BadManifest`] for a name that is not a checkpoint's;
+    /// [`StoreError::Io`].
     pub fn remove(&self, name: &str) -> Result<u64, StoreError> {
+        if pointer::parse_name(name).is_none() {
+            return Err(StoreError::BadManifest {
+                checkpoint: name.chars().take(80).collect(),
+                reason: "not a checkpoint name".into(),
+            });
+        }
         let p = self.dir.join(name);
         let bytes = self
             .load(name)
             .map(|m| m.artifacts().map(|a| a.bytes).sum())
             .unwrap_or(0);
-        snapshot::remove_checkpoint_dir(&p).map_err(io("rmdir", &p))?;
+        let doomed = self.dir.join(format!(".tmp-del-{name}"));
+        fs::rename(&p, &doomed).map_err(io("rename", &p))?;
+        sys::fsync_path(&self.dir).map_err(|e| io("fsync", &self.dir)(e.source))?;
+        snapshot::remove_checkpoint_dir(&doomed).map_err(io("rmdir", &doomed))?;
         Ok(bytes)
     }
 }

@@ -92,20 +92,25 @@ fn prefixes(store: &CheckpointStore) -> Vec<u64> {
 fn pointing_back_keeps_the_later_checkpoints_as_a_branch() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path()).unwrap();
-    assert_eq!(store.visible_of_prefix(1).unwrap(), None);
+    assert_eq!(store.line_of_prefix(1).unwrap(), None);
     let names: Vec<String> = [1, 2, 2, 3].iter().map(|k| published(&store, *k)).collect();
-    // The latest checkpoint of a boundary; unknown boundaries are none.
-    assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[2].clone()));
-    assert_eq!(store.visible_of_prefix(7).unwrap(), None);
+    // The latest checkpoint of a boundary on the ready line; unknown boundaries are none.
+    assert_eq!(store.line_of_prefix(2).unwrap(), Some(names[2].clone()));
+    assert_eq!(store.line_of_prefix(7).unwrap(), None);
     assert_eq!(store.bound().unwrap(), 4);
 
     // The pointer moves back to the first C_2: the bound stays, every checkpoint stays
-    // listed, and a restore by prefix prefers the ready checkpoint's own line.
+    // listed; a prefix names the ready line's checkpoints only, a name any visible one.
     store.set_ready(&names[1]).unwrap();
     assert_eq!(store.bound().unwrap(), 4);
+    assert_eq!(fs::read_to_string(tmp.path().join(BOUND)).unwrap(), "4\n");
     assert_eq!(prefixes(&store), [1, 2, 2, 3]);
-    assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[1].clone()));
-    assert_eq!(store.visible_of_prefix(3).unwrap(), Some(names[3].clone()));
+    assert_eq!(store.line_of_prefix(2).unwrap(), Some(names[1].clone()));
+    assert_eq!(store.line_of_prefix(3).unwrap(), None);
+    assert_eq!(store.visible(&names[3]).unwrap(), Some(names[3].clone()));
+    for bad in ["c000009-k9", "../c000001-k1", "c000001-k1/..", "READY"] {
+        assert_eq!(store.visible(bad).unwrap(), None, "{bad}");
+    }
     assert_eq!(store.discard_invisible().unwrap(), Vec::<u64>::new());
 
     // The next checkpoint is a child of the ready one, with the next sequence number.
@@ -119,8 +124,8 @@ fn pointing_back_keeps_the_later_checkpoints_as_a_branch() {
         .collect();
     assert_eq!(line, [child.clone(), names[1].clone(), names[0].clone()]);
     // On its line, boundary 3 is the child's; boundary 2 the first C_2.
-    assert_eq!(store.visible_of_prefix(3).unwrap(), Some(child.clone()));
-    assert_eq!(store.visible_of_prefix(2).unwrap(), Some(names[1].clone()));
+    assert_eq!(store.line_of_prefix(3).unwrap(), Some(child.clone()));
+    assert_eq!(store.line_of_prefix(2).unwrap(), Some(names[1].clone()));
     let infos = store.infos().unwrap();
     assert_eq!(infos.iter().filter(|i| i.ready).count(), 1);
     assert!(infos
@@ -139,27 +144,41 @@ fn pointing_back_keeps_the_later_checkpoints_as_a_branch() {
 }
 
 #[test]
-fn the_pointer_file_reads_both_formats_and_clearing_keeps_the_bound() {
+fn the_bound_survives_clears_and_removals_and_numbers_are_never_reused() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(tmp.path()).unwrap();
-    let names: Vec<String> = [1, 2].iter().map(|k| published(&store, *k)).collect();
-    // A pointer written before the bound: the name alone, its sequence number the bound.
-    fs::write(tmp.path().join(READY), format!("{}\n", names[0])).unwrap();
-    assert_eq!(store.ready().unwrap(), Some(names[0].clone()));
-    assert_eq!(store.bound().unwrap(), 1);
-    assert_eq!(prefixes(&store), [1]);
-    store.set_ready(&names[1]).unwrap();
-    assert_eq!(store.bound().unwrap(), 2);
+    let names: Vec<String> = [1, 2, 3].iter().map(|k| published(&store, *k)).collect();
+    // A store of the previous version: `READY` alone bounds, and a move forward writes
+    // nothing else.
+    assert!(!tmp.path().join(BOUND).exists());
+    assert_eq!(store.bound().unwrap(), 3);
     store.clear_ready().unwrap();
     assert_eq!(store.ready().unwrap(), None);
-    assert_eq!(prefixes(&store), [1, 2]);
-    // Garbage in the file names nothing and bounds nothing.
-    fs::write(tmp.path().join(READY), "\nbound x\n").unwrap();
-    assert_eq!((store.ready().unwrap(), store.bound().unwrap()), (None, 0));
-    // A dangling name is an error for the ready checkpoint, not for the bound.
-    fs::write(tmp.path().join(READY), "c000009-k9\nbound 2\n").unwrap();
+    assert_eq!(store.bound().unwrap(), 3);
+    assert_eq!(prefixes(&store), [1, 2, 3]);
+    // Every checkpoint removed (a gc by tag): the next one still takes a new number, so a
+    // crash before its pointer moves leaves it invisible, not visible under the old bound.
+    for n in &names {
+        store.remove(n).unwrap();
+    }
+    let mut s = store.begin(1).unwrap();
+    assert_eq!(s.seq(), 4);
+    manifest(&store, &s, 1);
+    store.publish(&mut s).unwrap();
+    assert!(prefixes(&store).is_empty());
+    assert_eq!(store.discard_unpublished().unwrap(), 1);
+    // Garbage in a pointer names and bounds nothing, and then nothing is discarded.
+    let kept = published(&store, 5);
+    fs::write(tmp.path().join(BOUND), "x\n").unwrap();
+    assert!(matches!(store.bound(), Err(StoreError::BadPointer { .. })));
+    assert!(store.discard_unpublished().is_err());
+    assert!(store.path(&kept).exists());
+    fs::write(tmp.path().join(BOUND), "5\n").unwrap();
+    fs::write(tmp.path().join(READY), "../c000005-k5\n").unwrap();
+    assert!(matches!(store.ready(), Err(StoreError::BadPointer { .. })));
+    fs::write(tmp.path().join(READY), "c000009-k9\n").unwrap();
     assert!(matches!(store.ready(), Err(StoreError::DanglingReady(_))));
-    assert_eq!(store.bound().unwrap(), 9);
+    assert!(store.remove("../x").is_err() && store.load("c1-k1/../..").is_err());
 }
 
 #[test]

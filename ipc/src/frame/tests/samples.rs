@@ -112,9 +112,10 @@ pub(super) fn request_variant(request: &Request) -> usize {
         Request::Download(_) => 22,
         Request::PullImage(_) => 23,
         Request::ImportOci(_) => 24,
+        Request::RestoreCheckpoint { .. } => 25,
     }
 }
-pub(super) const REQUEST_VARIANTS: usize = 25;
+pub(super) const REQUEST_VARIANTS: usize = 26;
 
 pub(super) fn response_variant(response: &Response) -> usize {
     match response {
@@ -285,6 +286,11 @@ pub(super) fn all_requests() -> Vec<Request> {
                 len: 1024,
             }],
         }),
+        Request::RestoreCheckpoint {
+            id: "sb-1".to_owned(),
+            verify: true,
+            checkpoint: "c000004-k2".to_owned(),
+        },
     ]
 }
 

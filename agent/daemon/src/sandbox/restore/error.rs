@@ -30,13 +30,22 @@ pub enum RestoreError {
         #[source]
         source: belayer_overlay::layer::BlobError,
     },
-    /// The sandbox has no ready checkpoint of the requested boundary; nothing was touched.
+    /// The sandbox has no ready checkpoint of the requested boundary on its ready line;
+    /// nothing was touched.
     #[error("sandbox {id} has no ready checkpoint of prefix {prefix}")]
     NoCheckpoint {
         /// Sandbox id.
         id: String,
         /// The requested action boundary K.
         prefix: u64,
+    },
+    /// The sandbox has no visible checkpoint of that name; nothing was touched.
+    #[error("sandbox {id} has no checkpoint named {name:?}")]
+    NoSuchCheckpoint {
+        /// Sandbox id.
+        id: String,
+        /// The requested name (at most 80 characters of it).
+        name: String,
     },
     /// The verification thread panicked.
     #[error("verifying the ready checkpoint of sandbox {id} failed unexpectedly")]
@@ -172,7 +181,9 @@ impl RestoreError {
             }
             RestoreError::ForeignImage { .. } => ErrorCode::PermissionDenied,
             RestoreError::ImageChanged { .. } => ErrorCode::ImageChanged,
-            RestoreError::NoCheckpoint { .. } => ErrorCode::NotFound,
+            RestoreError::NoCheckpoint { .. } | RestoreError::NoSuchCheckpoint { .. } => {
+                ErrorCode::NotFound
+            }
             RestoreError::Criu { source, .. }
                 if matches!(**source, belayer_criu::RestoreError::TimedOut { .. }) =>
             {

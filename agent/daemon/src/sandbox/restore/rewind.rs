@@ -12,6 +12,25 @@
 use super::RestoreError;
 use crate::store::CheckpointStore;
 
+/// Which checkpoint a restore asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// The ready one (none: the sandbox restarts from its image).
+    Ready,
+    /// The latest of this action boundary on the ready checkpoint's line
+    /// ([`CheckpointStore::line_of_prefix`]).
+    Prefix(u64),
+    /// This visible checkpoint, on any branch ([`CheckpointStore::visible`]).
+    Named(String),
+}
+
+impl Choice {
+    /// `Prefix(k)` for `Some(k)`, else `Ready`.
+    pub fn prefix(prefix: Option<u64>) -> Choice {
+        prefix.map_or(Choice::Ready, Choice::Prefix)
+    }
+}
+
 /// The checkpoint a restore uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Target {
@@ -23,31 +42,37 @@ pub(super) struct Target {
 }
 
 impl Target {
-    /// The ready checkpoint (`prefix` `None`), or the one of boundary `prefix`
-    /// ([`CheckpointStore::visible_of_prefix`]). Errors: the store's pointer or listing cannot be read
-    /// ([`RestoreError::Corrupt`]); no ready checkpoint has that prefix
-    /// ([`RestoreError::NoCheckpoint`]).
+    /// The checkpoint `choice` names. Errors: the store's pointer or listing cannot be read
+    /// ([`RestoreError::Corrupt`]); no checkpoint of that prefix on the ready line
+    /// ([`RestoreError::NoCheckpoint`]) or of that name ([`RestoreError::NoSuchCheckpoint`]).
     pub(super) fn choose(
         store: &CheckpointStore,
         id: &str,
-        prefix: Option<u64>,
+        choice: &Choice,
     ) -> Result<Target, RestoreError> {
         let corrupt = |source| RestoreError::Corrupt {
             id: id.to_string(),
             source,
         };
         let ready = store.ready().map_err(corrupt)?;
-        let chosen = match prefix {
-            None => ready.clone(),
-            Some(k) => Some(
-                store
-                    .visible_of_prefix(k)
-                    .map_err(corrupt)?
-                    .ok_or_else(|| RestoreError::NoCheckpoint {
+        let chosen = match choice {
+            Choice::Ready => ready.clone(),
+            Choice::Prefix(k) => {
+                Some(store.line_of_prefix(*k).map_err(corrupt)?.ok_or_else(|| {
+                    RestoreError::NoCheckpoint {
                         id: id.to_string(),
-                        prefix: k,
-                    })?,
-            ),
+                        prefix: *k,
+                    }
+                })?)
+            }
+            Choice::Named(name) => {
+                Some(store.visible(name).map_err(corrupt)?.ok_or_else(|| {
+                    RestoreError::NoSuchCheckpoint {
+                        id: id.to_string(),
+                        name: name.chars().take(80).collect(),
+                    }
+                })?)
+            }
         };
         Ok(Target { ready, chosen })
     }
