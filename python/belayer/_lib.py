@@ -479,6 +479,10 @@ def _declare(lib: ctypes.CDLL) -> None:
             [client, c_char_p, c_uint64, c_bool, POINTER(RestoreInfo), POINTER(c_uint64)],
             c_int,
         ),
+        "belayer_restore_checkpoint": (
+            [client, c_char_p, c_char_p, c_bool, POINTER(RestoreInfo)],
+            c_int,
+        ),
         "belayer_context_append": (
             [client, c_char_p, c_uint64, u8p, c_size_t, POINTER(c_uint64)],
             c_int,

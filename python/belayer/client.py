@@ -455,9 +455,11 @@ class Sandbox(SandboxTransfers):
         """See :meth:`Client.maybe_checkpoint`."""
         return self.client.maybe_checkpoint(self.id, prefix, context, **step)  # type: ignore[arg-type]
 
-    def restore(self, verify: bool = True, prefix: Optional[int] = None) -> RestoreInfo:
+    def restore(
+        self, verify: bool = True, prefix: Optional[int] = None, checkpoint: Optional[Text] = None
+    ) -> RestoreInfo:
         """See :meth:`Client.restore`."""
-        return self.client.restore(self.id, verify, prefix)
+        return self.client.restore(self.id, verify, prefix, checkpoint)
 
     def destroy(self) -> None:
         """See :meth:`Client.destroy`."""

@@ -333,21 +333,37 @@ class SandboxMethods:
         check(self._lib.belayer_gc(self._handle, age, text_arg(tag), byref(out)))
         return GcResult(removed=out.removed, bytes=out.bytes)
 
-    def restore(self, id: Text, verify: bool = True, prefix: Optional[int] = None) -> RestoreInfo:
-        """Restores sandbox ``id`` into a fresh instance from its ready checkpoint, or with
-        ``prefix`` from its ready checkpoint of that action boundary (which then becomes the
-        ready one; the checkpoints taken after it stay, as a branch); returns k and the LLM
-        context L_k. ``verify`` also checks
-        the restored state (without it the three checks are ``None``).
+    def restore(
+        self,
+        id: Text,
+        verify: bool = True,
+        prefix: Optional[int] = None,
+        checkpoint: Optional[Text] = None,
+    ) -> RestoreInfo:
+        """Restores sandbox ``id`` into a fresh instance from its ready checkpoint; with
+        ``prefix``, from its checkpoint of that action boundary on the ready checkpoint's line
+        (it and its ancestors); with ``checkpoint``, from the checkpoint of that name
+        (``CheckpointInfo.name``, on any branch of the sandbox's tree). The restored one
+        becomes the ready checkpoint; the checkpoints taken after it stay, as a branch.
+        Returns k and the LLM context L_k. ``verify`` also checks the restored state (without
+        it the three checks are ``None``).
 
         Raises:
-            NotFoundError: no ready checkpoint has ``prefix`` (nothing was touched).
-            ValueError: ``prefix`` not in ``0..2**64``.
+            NotFoundError: no such checkpoint (nothing was touched).
+            ValueError: ``prefix`` not in ``0..2**64``, or both ``prefix`` and ``checkpoint``.
         """
+        if prefix is not None and checkpoint is not None:
+            raise ValueError("give prefix or checkpoint, not both")
         info = _lib.RestoreInfo()
         dropped = c_uint64(0)
         try:
-            if prefix is None:
+            if checkpoint is not None:
+                check(
+                    self._lib.belayer_restore_checkpoint(
+                        self._handle, text_arg(id), text_arg(checkpoint), verify, byref(info)
+                    )
+                )
+            elif prefix is None:
                 check(self._lib.belayer_restore(self._handle, text_arg(id), verify, byref(info)))
             else:
                 if isinstance(prefix, bool) or not isinstance(prefix, int):

@@ -139,6 +139,17 @@ def test_restore_of_a_chosen_checkpoint(client: belayer.Client) -> None:
         assert sb.exec("cat /root/log").stdout == b"k1\n"
         r = sb.restore(verify=False)
         assert (r.prefix, r.dropped, r.fs_matches) == (1, 0, None)
+        # C_3 is on another branch now: not by prefix, by its name.
+        with pytest.raises(belayer.NotFoundError, match="prefix 3"):
+            sb.restore(prefix=3)
+        c3 = [c for c in sb.checkpoints() if c.prefix == 3][0]
+        r = sb.restore(checkpoint=c3.name)
+        assert (r.prefix, r.context, r.fs_matches) == (3, b"ctx3", True)
+        assert sb.exec("cat /root/log").stdout == b"k1\nk2\nk3\n"
+        with pytest.raises(belayer.NotFoundError, match="c000099-k1"):
+            sb.restore(checkpoint="c000099-k1")
+        with pytest.raises(ValueError):
+            sb.restore(prefix=1, checkpoint=c3.name)
 
 
 def test_gc_by_tag_and_by_age(client: belayer.Client) -> None:

@@ -630,6 +630,23 @@ int belayer_restore_to(BelayerClient client,
                        struct BelayerRestoreInfo *out,
                        uint64_t *out_dropped);
 
+// Restores sandbox `id` from its checkpoint named `checkpoint` (`c<seq>-k<prefix>`, the
+// `name` of a [`belayer_checkpoint_list`] item, on any branch of the sandbox's tree) into a
+// fresh instance, as [`belayer_restore`] does with the ready one; it becomes the ready
+// checkpoint, and the next checkpoint is its child.
+//
+// Errors: `BELAYER_E_NOT_FOUND` when the sandbox has no visible checkpoint of that name
+// (nothing is touched); as [`belayer_restore`] otherwise.
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` and `checkpoint` are NUL-terminated strings; `out` is a valid pointer to write to.
+int belayer_restore_checkpoint(BelayerClient client,
+                               const char *id,
+                               const char *checkpoint,
+                               bool verify,
+                               struct BelayerRestoreInfo *out);
+
 // Frees the context of `*info` and zeroes it. NULL is ignored.
 //
 // # Safety

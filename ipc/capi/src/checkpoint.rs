@@ -175,7 +175,12 @@ pub unsafe extern "C" fn belayer_restore(
     guard(|| {
         // SAFETY: forwarded from this function's contract.
         let (id, out) = unsafe { (text(id, "id")?, writable(out, "out")?) };
-        restore(client, id, verify, None, out).map(|_| ())
+        let req = Request::Restore {
+            id: id.to_owned(),
+            verify,
+            prefix: None,
+        };
+        restore(client, req, out).map(|_| ())
     })
 }
 
@@ -210,7 +215,12 @@ pub unsafe extern "C" fn belayer_restore_to(
             *d = 0;
             d
         });
-        let n = restore(client, id, verify, Some(prefix), out)?;
+        let req = Request::Restore {
+            id: id.to_owned(),
+            verify,
+            prefix: Some(prefix),
+        };
+        let n = restore(client, req, out)?;
         if let Some(d) = dropped {
             *d = n;
         }
@@ -218,22 +228,52 @@ pub unsafe extern "C" fn belayer_restore_to(
     })
 }
 
-/// Sends the restore and fills `out` (emptied first); returns how many checkpoints the
-/// restore dropped.
+/// Restores sandbox `id` from its checkpoint named `checkpoint` (`c<seq>-k<prefix>`, the
+/// `name` of a [`belayer_checkpoint_list`] item, on any branch of the sandbox's tree) into a
+/// fresh instance, as [`belayer_restore`] does with the ready one; it becomes the ready
+/// checkpoint, and the next checkpoint is its child.
+///
+/// Errors: `BELAYER_E_NOT_FOUND` when the sandbox has no visible checkpoint of that name
+/// (nothing is touched); as [`belayer_restore`] otherwise.
+/// Thread-safety: any thread; serialized per client.
+///
+/// # Safety
+/// `id` and `checkpoint` are NUL-terminated strings; `out` is a valid pointer to write to.
+#[no_mangle]
+pub unsafe extern "C" fn belayer_restore_checkpoint(
+    client: BelayerClient,
+    id: *const c_char,
+    checkpoint: *const c_char,
+    verify: bool,
+    out: *mut BelayerRestoreInfo,
+) -> c_int {
+    guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let (id, checkpoint, out) = unsafe {
+            (
+                text(id, "id")?,
+                text(checkpoint, "checkpoint")?,
+                writable(out, "out")?,
+            )
+        };
+        let req = Request::RestoreCheckpoint {
+            id: id.to_owned(),
+            verify,
+            checkpoint: checkpoint.to_owned(),
+        };
+        restore(client, req, out).map(|_| ())
+    })
+}
+
+/// Sends the restore request `req` and fills `out` (emptied first); returns how many
+/// checkpoints the restore dropped.
 fn restore(
     client: BelayerClient,
-    id: &str,
-    verify: bool,
-    prefix: Option<u64>,
+    req: Request,
     out: &mut BelayerRestoreInfo,
 ) -> Result<u64, Failure> {
     // SAFETY: `out` is valid for writes; the old content may be garbage, so no drop.
     unsafe { std::ptr::write(out, BelayerRestoreInfo::EMPTY) };
-    let req = Request::Restore {
-        id: id.to_owned(),
-        verify,
-        prefix,
-    };
     match call(client, req)? {
         Response::Restored(r) => {
             *out = BelayerRestoreInfo {
