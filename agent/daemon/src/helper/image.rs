@@ -60,6 +60,26 @@ pub struct HelperImage {
     bytes: u64,
 }
 
+/// Seals `memfd` against writes, size changes and further seals. The kernel answers EBUSY
+/// while a page of it is still pinned by I/O in flight (it waits a little itself first): try
+/// again for up to about a second.
+fn seal(memfd: &OwnedFd) -> rustix::io::Result<()> {
+    let seals = rustix::fs::SealFlags::WRITE
+        | rustix::fs::SealFlags::SHRINK
+        | rustix::fs::SealFlags::GROW
+        | rustix::fs::SealFlags::SEAL;
+    let mut tries = 0;
+    loop {
+        match rustix::fs::fcntl_add_seals(memfd, seals) {
+            Err(rustix::io::Errno::BUSY) if tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl HelperImage {
     /// The helper next to the running executable (`<dir of /proc/self/exe>/belayer-helper`).
     pub fn beside_current_exe() -> Result<HelperImage, HelperImageError> {
@@ -103,18 +123,23 @@ impl HelperImage {
             source: e.into(),
         })?;
         let mut out = fs::File::from(memfd);
-        let bytes = io::copy(&mut file, &mut out).map_err(memfd_err("copy"))?;
+        // Plain reads and writes, not `io::copy` (which splices or sendfiles file to file):
+        // pages still referenced by a pipe or a page-cache transfer make F_SEAL_WRITE fail
+        // with EBUSY.
+        let mut bytes = 0u64;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = io::Read::read(&mut file, &mut buf).map_err(memfd_err("read"))?;
+            if n == 0 {
+                break;
+            }
+            io::Write::write_all(&mut out, &buf[..n]).map_err(memfd_err("write"))?;
+            bytes += n as u64;
+        }
         out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o555))
             .map_err(memfd_err("fchmod"))?;
         let memfd = OwnedFd::from(out);
-        rustix::fs::fcntl_add_seals(
-            &memfd,
-            rustix::fs::SealFlags::WRITE
-                | rustix::fs::SealFlags::SHRINK
-                | rustix::fs::SealFlags::GROW
-                | rustix::fs::SealFlags::SEAL,
-        )
-        .map_err(|e| HelperImageError::Memfd {
+        seal(&memfd).map_err(|e| HelperImageError::Memfd {
             call: "fcntl(F_ADD_SEALS)",
             source: e.into(),
         })?;
