@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use belayer_ipc::CheckpointInfo;
 
 /// The tree of `list` as text, one checkpoint per line, children in publication order under
-/// their parent. Roots are the checkpoints without a parent or whose parent is not listed
+/// their parent; where a checkpoint has one child only, the child goes on at its level (so
+/// a long line without forks stays flat), and a fork indents its branches. Roots are the checkpoints without a parent or whose parent is not listed
 /// (removed by gc).
 pub fn render(list: &[CheckpointInfo]) -> String {
     let names: HashMap<&str, usize> = list
@@ -24,51 +25,44 @@ pub fn render(list: &[CheckpointInfo]) -> String {
             _ => roots.push(i),
         }
     }
+    // Depth first with an explicit stack (a line of thousands of checkpoints is deep):
+    // (node, indent of its line, last among its siblings, a root).
     let mut out = String::new();
-    for (n, &root) in roots.iter().enumerate() {
-        draw(
-            list,
-            &children,
-            root,
-            "",
-            n + 1 == roots.len(),
-            true,
-            &mut out,
+    let mut stack: Vec<(usize, String, bool, bool)> = roots
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(n, &r)| (r, String::new(), n + 1 == roots.len(), true))
+        .collect();
+    while let Some((node, indent, last, root)) = stack.pop() {
+        let c = &list[node];
+        let branch = match (root, last) {
+            (true, _) => "",
+            (false, true) => "└─ ",
+            (false, false) => "├─ ",
+        };
+        let ready = if c.ready { "  (ready)" } else { "" };
+        let _ = writeln!(
+            out,
+            "{indent}{branch}{}  k={}  {} bytes{ready}",
+            c.checkpoint, c.prefix, c.bytes
         );
+        let inner = match (root, last) {
+            (true, _) => indent,
+            (false, true) => format!("{indent}   "),
+            (false, false) => format!("{indent}│  "),
+        };
+        let kids = children.get(&node).map(Vec::as_slice).unwrap_or(&[]);
+        if let [only] = kids {
+            // A line without a fork goes on under its first checkpoint, not deeper.
+            stack.push((*only, inner, true, true));
+            continue;
+        }
+        for (n, &kid) in kids.iter().enumerate().rev() {
+            stack.push((kid, inner.clone(), n + 1 == kids.len(), false));
+        }
     }
     out
-}
-
-fn draw(
-    list: &[CheckpointInfo],
-    children: &HashMap<usize, Vec<usize>>,
-    node: usize,
-    indent: &str,
-    last: bool,
-    root: bool,
-    out: &mut String,
-) {
-    let c = &list[node];
-    let branch = match (root, last) {
-        (true, _) => "",
-        (false, true) => "└─ ",
-        (false, false) => "├─ ",
-    };
-    let ready = if c.ready { "  (ready)" } else { "" };
-    let _ = writeln!(
-        out,
-        "{indent}{branch}{}  k={}  {} bytes{ready}",
-        c.checkpoint, c.prefix, c.bytes
-    );
-    let inner = match (root, last) {
-        (true, _) => indent.to_string(),
-        (false, true) => format!("{indent}   "),
-        (false, false) => format!("{indent}│  "),
-    };
-    let kids = children.get(&node).map(Vec::as_slice).unwrap_or(&[]);
-    for (n, &kid) in kids.iter().enumerate() {
-        draw(list, children, kid, &inner, n + 1 == kids.len(), false, out);
-    }
 }
 
 #[cfg(test)]
@@ -86,6 +80,24 @@ mod tests {
     }
 
     #[test]
+    fn a_long_line_is_drawn_without_recursion() {
+        let names: Vec<String> = (1..=20_000).map(|i| format!("c{i}")).collect();
+        let list: Vec<CheckpointInfo> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                cp(
+                    n,
+                    i as u64,
+                    i.checked_sub(1).map(|p| names[p].as_str()),
+                    false,
+                )
+            })
+            .collect();
+        assert_eq!(render(&list).lines().count(), 20_000);
+    }
+
+    #[test]
     fn branches_are_drawn_under_their_parent() {
         let list = [
             cp("c1", 1, None, false),
@@ -93,6 +105,7 @@ mod tests {
             cp("c3", 3, Some("c2"), false),
             cp("c4", 3, Some("c2"), true),
             cp("c5", 2, Some("c1"), false),
+            cp("c6", 3, Some("c5"), false),
             cp("c7", 9, Some("gone"), false),
         ];
         let text = render(&list);
@@ -105,6 +118,7 @@ mod tests {
                 "│  ├─ c3  k=3  0 bytes",
                 "│  └─ c4  k=3  0 bytes  (ready)",
                 "└─ c5  k=2  0 bytes",
+                "   c6  k=3  0 bytes",
                 "c7  k=9  0 bytes",
             ],
             "{text}"
