@@ -92,7 +92,13 @@ while True:
     let info = d.inspect(id);
     assert_eq!(info.state, "running");
     assert_eq!(info.instance, 1);
-    assert_eq!(info.pids.len(), pids_k3, "same process tree size as at k=3");
+    // The exact tree is `processes_match` above (the list frozen into C_3); a live count
+    // differs by the short `sleep 0.05` children of the two loops at either moment.
+    assert!(
+        info.pids.len().abs_diff(pids_k3) <= 2,
+        "process tree of {} at restore, {pids_k3} at k=3",
+        info.pids.len()
+    );
 
     // The merged tree equals the tree at k=3 byte for byte.
     assert_eq!(tree_digest(&d.root(id), EXCLUDE).unwrap(), tree_k3);
