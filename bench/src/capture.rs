@@ -70,6 +70,9 @@ pub struct CaptureArgs {
     /// CRIU binary for the baselines (default: `criu` on PATH, else /usr/local/sbin/criu).
     #[arg(long, env = "BELAYER_CRIU")]
     pub criu: Option<PathBuf>,
+    /// Children of Belayer's fork row (`fork` of each workload's sandbox; 0 leaves it out).
+    #[arg(long, default_value_t = 8)]
+    pub fork_count: u32,
 }
 
 /// One workload, identical for the three systems.
@@ -139,6 +142,8 @@ pub struct WorkloadRow {
     /// Why the runc column is empty.
     #[serde(skip)]
     pub runc_skipped: Option<String>,
+    /// Belayer's fork ×N of the workload (null with `--fork-count 0`).
+    pub fork: Option<crate::fork::ForkMedians>,
 }
 
 /// `num / den`, or `None` when `den` is not positive.
@@ -280,8 +285,15 @@ pub fn run(socket: &Path, args: &CaptureArgs, json: bool) -> Result<i32> {
     let mut rows = Vec::new();
     for w in &list {
         tracing::info!(workload = %w.name, "belayer");
-        let b = workload(&mut c, &w.name, w.image, &w.setup, args.runs)
-            .with_context(|| format!("belayer on {}", w.name))?;
+        let b = workload(
+            &mut c,
+            &w.name,
+            w.image,
+            &w.setup,
+            args.runs,
+            args.fork_count,
+        )
+        .with_context(|| format!("belayer on {}", w.name))?;
         let belayer = Medians {
             frozen_ms: b.frozen_ms,
             checkpoint_ms: b.checkpoint_ms,
@@ -307,6 +319,7 @@ pub fn run(socket: &Path, args: &CaptureArgs, json: bool) -> Result<i32> {
             tar_criu,
             runc,
             runc_skipped,
+            fork: b.fork,
         });
     }
     let inc = incremental(args)?;
@@ -373,6 +386,12 @@ fn print_table(rows: &[WorkloadRow], inc: &serde_json::Value, runs: usize) {
         line(&r.name, "belayer", Some(b), false);
         line("", "tar_criu", Some(r.tar_criu), true);
         line("", "runc", r.runc, true);
+        if let Some(f) = r.fork {
+            println!(
+                "{:<22} fork x{}: all running in {:.1} ms (client {:.1} ms; each child's restore {:.1} ms)",
+                "", f.count, f.total_ms, f.wall_ms, f.child_restore_ms
+            );
+        }
     }
     println!(
         "(medians of {runs} cycles; frozen/b and restore/b = the system's time / Belayer's time; \
@@ -423,6 +442,13 @@ mod tests {
                 tar_criu: m(4.0, 5.0, 6.0),
                 runc: Some(m(7.0, 8.0, 9.0)),
                 runc_skipped: None,
+                fork: Some(crate::fork::ForkMedians {
+                    count: 8,
+                    runs: 1,
+                    total_ms: 100.0,
+                    wall_ms: 101.0,
+                    child_restore_ms: 50.0,
+                }),
             },
             WorkloadRow {
                 name: "w2".into(),
@@ -430,6 +456,7 @@ mod tests {
                 tar_criu: m(4.0, 5.0, 6.0),
                 runc: None,
                 runc_skipped: Some("runc not found".into()),
+                fork: None,
             },
         ];
         let v = report_json(&rows, &serde_json::Value::Null);
@@ -442,7 +469,9 @@ mod tests {
         assert!(v["incremental"].is_null());
         let w = &v["workloads"];
         assert_eq!(w.as_array().unwrap().len(), 2);
-        assert_eq!(keys(&w[0]), ["belayer", "name", "runc", "tar_criu"]);
+        assert_eq!(keys(&w[0]), ["belayer", "fork", "name", "runc", "tar_criu"]);
+        assert_eq!(w[0]["fork"]["total_ms"], 100.0);
+        assert!(w[1]["fork"].is_null());
         for sys in ["belayer", "tar_criu", "runc"] {
             assert_eq!(
                 keys(&w[0][sys]),

@@ -61,6 +61,9 @@ pub struct WorkloadResult {
     pub inodes_kept: usize,
     /// Median checkpoint size in bytes.
     pub bytes: u64,
+    /// Forks of the sandbox after the cycles (absent when not asked for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fork: Option<crate::fork::ForkMedians>,
 }
 
 pub(crate) fn ensure_image(c: &mut Client, name: &str, rootfs: &Path) -> Result<()> {
@@ -97,7 +100,8 @@ fn exec(c: &mut Client, id: &str, cmd: &str) -> Result<()> {
     }
 }
 
-/// Creates a sandbox of `image`, runs `setup` in it, then `runs` checkpoint + restore cycles;
+/// Creates a sandbox of `image`, runs `setup` in it, then `runs` checkpoint + restore cycles,
+/// then (`fork_count` > 0) `runs` forks of `fork_count` children from the last checkpoint;
 /// removes the sandbox whatever happens.
 pub(crate) fn workload(
     c: &mut Client,
@@ -105,6 +109,7 @@ pub(crate) fn workload(
     image: &str,
     setup: &[String],
     runs: usize,
+    fork_count: u32,
 ) -> Result<WorkloadResult> {
     let id = match call(
         c,
@@ -178,6 +183,9 @@ pub(crate) fn workload(
             install.push(r.timings_ms.fs_install);
             kept += usize::from(r.inodes_kept);
         }
+        let fork = (fork_count > 0)
+            .then(|| crate::fork::fork_cycles(c, &id, fork_count, runs))
+            .transpose()?;
         Ok(WorkloadResult {
             name: name.into(),
             runs,
@@ -192,6 +200,7 @@ pub(crate) fn workload(
             criu_restore_ms: median(&mut criu_restore),
             inodes_kept: kept,
             bytes: median(&mut bytes) as u64,
+            fork,
         })
     })();
     let _ = call(c, Request::RemoveSandbox { id });
@@ -222,6 +231,7 @@ pub fn run(socket: &Path, args: CheckpointBenchArgs, json: bool) -> Result<i32> 
                 .into(),
         ],
         runs,
+        0,
     )?);
     results.push(workload(
         &mut c,
@@ -236,6 +246,7 @@ pub fn run(socket: &Path, args: CheckpointBenchArgs, json: bool) -> Result<i32> 
             "sleep 0.5".into(),
         ],
         runs,
+        0,
     )?);
     if json {
         println!(

@@ -28,6 +28,7 @@ mod capture;
 mod checkpoint;
 mod embedded;
 mod exec;
+mod fork;
 mod handover;
 mod image;
 mod load;

@@ -120,8 +120,9 @@ pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUM
 pub use gate::{abort_gated_dump, GatedDumpError};
 pub use hook::{HookedRestoreError, RestoreStage};
 pub use images::{
-    tcp_connections, validate_restore_paths, validate_restore_paths_allowing, AllowedBind,
-    ImagePathReport, PathOp, SocketImageError, TcpConnection, UnsafeImagePath, UnsafeKind,
+    rebase_userns_images, tcp_connections, userns_uid_map, validate_restore_paths,
+    validate_restore_paths_allowing, AllowedBind, IdExtent, ImagePathReport, PathOp,
+    SocketImageError, TcpConnection, UnsafeImagePath, UnsafeKind, UsernsImageError,
     ALLOWED_CHAR_DEVICES, PTY_OPEN_TRIES,
 };
 pub use kdat::{KdatCache, KdatError, KdatMode};

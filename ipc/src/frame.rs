@@ -30,7 +30,7 @@ use crate::message::{Envelope, Event, Request, Response};
 pub const MAGIC: [u8; 4] = *b"BLYR";
 
 /// The protocol version this crate speaks; frames carrying any other version are refused.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Size of the frame header in bytes.
 pub const HEADER_LEN: usize = 16;

@@ -7,7 +7,7 @@
 //! | bytes | field | value |
 //! |---|---|---|
 //! | 0..4 | magic | `b"BLYR"` |
-//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (9) |
+//! | 4..6 | protocol version | u16 little-endian, [`PROTOCOL_VERSION`] (12) |
 //! | 6 | kind | 1 request, 2 response, 3 event, 4 memory request, 5 memory response ([`Kind`]) |
 //! | 7 | flags | reserved, must be 0 |
 //! | 8..12 | payload length | u32 little-endian, bytes, at most the maximum frame size ([`DEFAULT_MAX_FRAME`] = 16 MiB) |
@@ -76,6 +76,7 @@
 //!   cannot place, so it is not used.
 #![warn(missing_docs)]
 
+pub mod fork;
 pub mod frame;
 pub mod image;
 pub mod memory;
@@ -89,6 +90,7 @@ pub mod state;
 pub mod text;
 pub mod transport;
 
+pub use fork::{ForkInfo, ForkRequest};
 pub use frame::{
     decode_frame, encode_frame, read_frame, read_raw_frame, recv_event, send_event, write_frame,
     FrameError, Header, Kind, Message, RawFrame, DEFAULT_MAX_FRAME, HEADER_LEN, MAGIC,

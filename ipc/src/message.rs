@@ -194,6 +194,9 @@ pub enum Request {
         /// The checkpoint's name, `c<seq>-k<prefix>`.
         checkpoint: String,
     },
+    /// Fork `count` new sandboxes from one checkpoint of a sandbox (see
+    /// [`crate::ForkRequest`]). Answered by [`Response::Forked`]. Since protocol 12.
+    Fork(crate::fork::ForkRequest),
 }
 
 /// Everything `belayerd` answers.
@@ -254,6 +257,8 @@ pub enum Response {
     },
     /// The last answer of a finished upload or download. Since protocol 9.
     Transferred(TransferInfo),
+    /// Answer to [`Request::Fork`]. Since protocol 12.
+    Forked(crate::fork::ForkInfo),
 }
 
 /// Asynchronous notifications from the daemon.

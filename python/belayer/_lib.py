@@ -127,6 +127,33 @@ class RestoreInfo(Structure):
     ]
 
 
+class ForkChild(Structure):
+    """``BelayerForkChild``."""
+
+    _fields_ = [
+        ("id", c_void_p),
+        ("init_pid", c_int32),
+        ("total_ms", c_double),
+        ("verified", c_bool),
+        ("fs_matches", c_bool),
+        ("processes_match", c_bool),
+    ]
+
+
+class ForkInfo(Structure):
+    """``BelayerForkInfo``."""
+
+    _fields_ = [
+        ("fork", c_void_p),
+        ("checkpoint", c_void_p),
+        ("prefix", c_uint64),
+        ("context", Buf),
+        ("children", POINTER(ForkChild)),
+        ("children_len", c_size_t),
+        ("total_ms", c_double),
+    ]
+
+
 class CreateOptions(Structure):
     """``BelayerCreateOptions`` (zero: every default)."""
 
@@ -483,6 +510,11 @@ def _declare(lib: ctypes.CDLL) -> None:
             [client, c_char_p, c_char_p, c_bool, POINTER(RestoreInfo)],
             c_int,
         ),
+        "belayer_fork": (
+            [client, c_char_p, c_char_p, c_bool, c_uint64, c_uint32, c_bool, POINTER(ForkInfo)],
+            c_int,
+        ),
+        "belayer_fork_info_free": ([POINTER(ForkInfo)], None),
         "belayer_context_append": (
             [client, c_char_p, c_uint64, u8p, c_size_t, POINTER(c_uint64)],
             c_int,

@@ -15,6 +15,7 @@ from ._status import check as _check
 from ._status import text_arg as _c
 from .actions import ExecResult, InfraFault, Options, result  # noqa: F401 (re-exported)
 from .errors import BelayerError, EventTimeoutError
+from .forks import ForkChild, ForkInfo, ForkMethods
 from .sandboxes import CheckpointInfo, GcResult, RestoreInfo, SandboxInfo, SandboxMethods
 from .transfer import ClientTransfers, SandboxTransfers, TransferResult  # noqa: F401
 
@@ -137,7 +138,7 @@ class _Handle:
             pass
 
 
-class Client(_Handle, SandboxMethods, ClientTransfers):
+class Client(_Handle, SandboxMethods, ForkMethods, ClientTransfers):
     """A connection to ``belayerd`` (file transfer: :class:`~belayer.transfer.ClientTransfers`).
 
     Usable as a context manager (closes on exit). One request runs at a time per client;
@@ -461,6 +462,19 @@ class Sandbox(SandboxTransfers):
         """See :meth:`Client.restore`."""
         return self.client.restore(self.id, verify, prefix, checkpoint)
 
+    def fork(
+        self,
+        count: int,
+        prefix: Optional[int] = None,
+        checkpoint: Optional[Text] = None,
+        verify: bool = True,
+    ) -> List["Sandbox"]:
+        """Forks ``count`` new sandboxes from a checkpoint C_K of this one (see
+        :meth:`Client.fork`, which also returns L_K and the fork's timings); returns them,
+        bound to the same client, in order."""
+        info = self.client.fork(self.id, count, prefix, checkpoint, verify)
+        return [Sandbox(self.client, c.id) for c in info.children]
+
     def destroy(self) -> None:
         """See :meth:`Client.destroy`."""
         self.client.destroy(self.id)
@@ -524,6 +538,8 @@ __all__ = [
     "SandboxInfo",
     "CheckpointInfo",
     "RestoreInfo",
+    "ForkInfo",
+    "ForkChild",
     "GcResult",
     "Policy",
     "Decision",

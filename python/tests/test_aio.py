@@ -72,6 +72,13 @@ def test_every_call(daemon: Daemon, tmp_path: Path) -> None:
 
                 same = client.sandbox(sb.id)
                 assert (await same.exec("cat /root/state")).stdout == b"one\n"
+
+                info = await client.fork(sb.id, 2, prefix=1, verify=False)
+                assert (info.prefix, info.context, len(info.children)) == (1, b"L_1", 2)
+                kids = await sb.fork(1)
+                for kid in [client.sandbox(c.id) for c in info.children] + kids:
+                    assert (await kid.exec("cat /root/state")).stdout == b"one\n"
+                    await kid.destroy()
             with pytest.raises(belayer.UnknownSandboxError):
                 await client.inspect(sb.id)
 

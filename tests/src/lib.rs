@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod oci;
 pub mod oci_build;
+pub mod orphans;
 pub mod peer;
 pub mod policy;
 pub mod registry;

@@ -232,6 +232,53 @@ fn every_command_prints_its_documented_json() {
     assert!(r["validity"].is_null(), "{r}");
     assert_eq!(r["dropped_prefixes"], serde_json::json!([]));
 
+    // fork: N children of C_K, each listed, L_K written where asked.
+    let ctx = d.state_dir.join("../fork-ctx");
+    let ctx_arg = ctx.display().to_string();
+    let f = ok(
+        &d,
+        &[
+            "fork",
+            &id,
+            "--prefix",
+            "1",
+            "--count",
+            "2",
+            "--verify",
+            "--context-out",
+            &ctx_arg,
+        ],
+    );
+    assert_eq!(
+        keys(&f),
+        [
+            "checkpoint",
+            "children",
+            "context_file",
+            "fork",
+            "prefix",
+            "source",
+            "total_ms"
+        ]
+    );
+    assert_eq!(
+        (f["prefix"].as_u64(), f["source"].as_str()),
+        (Some(1), Some(id.as_str()))
+    );
+    let children = f["children"].as_array().unwrap();
+    assert_eq!(children.len(), 2);
+    assert!(ctx.is_file(), "L_K written to {ctx_arg}");
+    assert_eq!(
+        keys(&children[0]),
+        ["init_pid", "sandbox", "timings_ms", "validity"]
+    );
+    assert_eq!(children[0]["validity"]["processes_match"], true);
+    for c in children {
+        ok(&d, &["sandbox", "rm", c["sandbox"].as_str().unwrap()]);
+    }
+    let (code, e, _) = belayer(&d, &["fork", &id, "--count", "0"]);
+    assert_eq!((code, e["error"].as_str()), (1, Some("BadRequest")));
+
     // Failures: JSON on stdout, exit 1.
     let (code, e, _) = belayer(&d, &["restore", &id, "--prefix", "9"]);
     assert_eq!(code, 1);

@@ -44,6 +44,10 @@ pub enum Command {
     /// Restore a sandbox from its ready checkpoint (or that of `--prefix K`) into a fresh
     /// instance.
     Restore(RestoreArgs),
+    /// Fork N new sandboxes from a checkpoint C_K of a running sandbox (its ready
+    /// checkpoint, or that of `--prefix K`, or `--checkpoint NAME`): each is restored into
+    /// an instance of its own; the source keeps running. All or nothing.
+    Fork(ForkArgs),
     /// Old spelling of `checkpoint ls ID`.
     #[command(hide = true)]
     Checkpoints {
@@ -299,6 +303,28 @@ pub struct RestoreArgs {
     /// Restore this checkpoint (a name `checkpoint ls` lists, on any branch) instead.
     #[arg(long, value_name = "NAME")]
     pub checkpoint: Option<String>,
+}
+
+/// Arguments of `fork`.
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// Source sandbox id.
+    pub id: String,
+    /// Children to make (1 to 256).
+    #[arg(long, short = 'n', value_name = "N")]
+    pub count: u32,
+    /// Fork from the checkpoint of action boundary K on the ready checkpoint's line.
+    #[arg(long, value_name = "K", conflicts_with = "checkpoint")]
+    pub prefix: Option<u64>,
+    /// Fork from this checkpoint (a name `checkpoint ls` lists, on any branch).
+    #[arg(long, value_name = "NAME")]
+    pub checkpoint: Option<String>,
+    /// Write L_K to this file (JSON then names it as `context_file`).
+    #[arg(long)]
+    pub context_out: Option<PathBuf>,
+    /// Check each child's restored upper layer and process list against the checkpoint.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 /// Arguments of `cp`.

@@ -161,6 +161,19 @@ pub fn run(cli: Cli) -> Result<i32> {
             Response::Restored(r) => p.restored(&r, a.context_out.as_deref())?,
             r => p.response(r),
         },
+        Command::Fork(a) => {
+            let req = belayer_ipc::ForkRequest {
+                id: a.id,
+                prefix: a.prefix,
+                checkpoint: a.checkpoint,
+                count: a.count,
+                verify: a.verify,
+            };
+            match call(&mut c, Request::Fork(req))? {
+                Response::Forked(f) => p.forked(&f, a.context_out.as_deref())?,
+                r => p.response(r),
+            }
+        }
         Command::Checkpoints { id } => p.response(call(&mut c, Request::ListCheckpoints { id })?),
         Command::Gc(a) => p.response(call(
             &mut c,

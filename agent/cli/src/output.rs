@@ -70,6 +70,66 @@ impl Printer {
         r.exit_code
     }
 
+    /// A fork's answer: one line per child, or JSON with L_K as text (or written to
+    /// `context_out`).
+    ///
+    /// Errors: `context_out` cannot be written.
+    pub fn forked(&self, f: &belayer_ipc::ForkInfo, context_out: Option<&Path>) -> Result<()> {
+        if let Some(path) = context_out {
+            std::fs::write(path, &f.context)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if self.json {
+            let children: Vec<_> = f
+                .children
+                .iter()
+                .map(|c| {
+                    json!({
+                        "sandbox": c.sandbox,
+                        "init_pid": c.init_pid,
+                        "timings_ms": c.timings_ms,
+                        "validity": c.validity,
+                    })
+                })
+                .collect();
+            let mut v = json!({
+                "fork": f.fork,
+                "source": f.source,
+                "checkpoint": f.checkpoint,
+                "prefix": f.prefix,
+                "children": children,
+                "total_ms": f.total_ms,
+            });
+            match context_out {
+                Some(p) => v["context_file"] = json!(p.display().to_string()),
+                None => v["context"] = json!(text(&f.context)),
+            }
+            print_json(&v);
+        } else {
+            println!(
+                "fork {} of {} from {} (k={}): {} children in {:.1} ms",
+                f.fork,
+                f.source,
+                f.checkpoint,
+                f.prefix,
+                f.children.len(),
+                f.total_ms
+            );
+            for c in &f.children {
+                let valid = match &c.validity {
+                    Some(v) if v.fs_matches && v.processes_match => "; valid",
+                    Some(_) => "; INVALID",
+                    None => "",
+                };
+                println!(
+                    "{}\tpid {}\trestored in {:.1} ms{valid}",
+                    c.sandbox, c.init_pid, c.timings_ms.total
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// A restore; writes the context to `context_out` when given.
     pub fn restored(&self, r: &RestoreInfo, context_out: Option<&Path>) -> Result<()> {
         if let Some(path) = context_out {
@@ -151,6 +211,7 @@ impl Printer {
                 Response::Checkpoint(c) => json!(c),
                 Response::Checkpoints(v) => json!(v),
                 Response::Restored(r) => json!(r),
+                Response::Forked(f) => json!(f),
                 Response::Gc { removed, bytes } => json!({ "removed": removed, "bytes": bytes }),
                 Response::Status(s) => json!(s),
                 Response::Done => json!({ "ok": true }),
@@ -286,6 +347,9 @@ impl Printer {
             }
             Response::Restored(r) => {
                 let _ = self.restored(&r, None);
+            }
+            Response::Forked(f) => {
+                let _ = self.forked(&f, None);
             }
             Response::Error(e) => eprintln!("error: {:?}: {}", e.code, e.message),
             Response::MaybeCheckpoint(m) => println!(

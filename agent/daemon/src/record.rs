@@ -53,6 +53,11 @@ pub struct SandboxRecord {
     /// written before it existed, or images without one.
     #[serde(default)]
     pub image_digest: Option<String>,
+    /// Set while the sandbox is a child of a fork that has not finished (the fork's id): an
+    /// adoption removes such a sandbox unless the fork's commit marker exists
+    /// ([`crate::sandbox::fork`]). Absent once the fork is done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_fork: Option<String>,
 }
 
 /// Errors shared by the sandbox verbs.
@@ -208,6 +213,7 @@ mod tests {
             userns: None,
             owner_uid: 0,
             inherited_bytes: 0,
+            pending_fork: None,
             image_digest: None,
         }
     }

@@ -25,6 +25,7 @@ mod adopt;
 mod brief;
 pub mod contexts;
 mod create_api;
+mod fork_api;
 mod gc;
 mod image_api;
 mod metrics_api;
@@ -56,6 +57,8 @@ pub struct Agent {
     contexts: ContextLogs,
     /// Creations in flight (counted against per-uid caps, holding their image).
     creating: create_api::Creating,
+    /// Children of forks being restored (their blobs are live).
+    forking: fork_api::Forking,
     /// `(sandbox, instance)` pairs already announced as failed.
     failed_seen: Mutex<std::collections::HashSet<(String, u32)>>,
     /// Prometheus metric families (served by [`crate::metrics::http`] when configured).
@@ -136,7 +139,8 @@ impl Agent {
             // The sandboxes are listed under the exclusive lock: a sandbox created before it
             // whose checkpoint was published meanwhile (its lease released) is in the list,
             // and its blobs live.
-            let slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+            let mut slots: Vec<Arc<SandboxSlot>> = self.registry().values().cloned().collect();
+            slots.extend(self.forking.slots());
             for slot in &slots {
                 if let Some(base) = slot.any_layer_base() {
                     roots.add(&base);
@@ -323,6 +327,7 @@ impl Agent {
                 let choice = sandbox::restore::Choice::Named(checkpoint);
                 self.restore_now(caller, &id, verify, choice)
             }
+            Request::Fork(req) => self.fork_sandbox(caller, &req),
             Request::ListCheckpoints { id } => match self.slot_for(caller, &id) {
                 Some(slot) => {
                     let list =

@@ -194,8 +194,11 @@ impl UserNamespace {
     pub fn new(range: IdRange) -> Result<UserNamespace, UsernsError> {
         let (ready_rd, ready_wr) = pipe()?;
         let (go_rd, go_wr) = pipe()?;
-        // SAFETY: the child runs only async-signal-safe raw syscalls (unshare, write, read,
-        // _exit) on fds created before the fork, so forking a multi-threaded process is sound.
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the child runs only async-signal-safe raw syscalls (close, prctl, getppid,
+        // unshare, write, read, _exit) on fds created before the fork, so forking a
+        // multi-threaded process is sound.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(SyscallError::io(
@@ -206,7 +209,13 @@ impl UserNamespace {
             .into());
         }
         if pid == 0 {
-            holder(ready_wr, go_rd);
+            use std::os::fd::AsRawFd;
+            holder(
+                ready_wr,
+                go_rd,
+                [ready_rd.as_raw_fd(), go_wr.as_raw_fd()],
+                parent,
+            );
         }
         drop(ready_wr);
         drop(go_rd);
@@ -248,11 +257,22 @@ impl AsFd for UserNamespace {
 }
 
 /// Runs in the forked child: unshare, report, wait for the parent, exit. Never returns.
-fn holder(ready: OwnedFd, go: OwnedFd) -> ! {
+///
+/// The parent's ends of both pipes (`parent_ends`) are closed first and the child dies with
+/// the thread that forked it: a daemon killed meanwhile leaves no holder blocked forever
+/// (holding every descriptor the daemon had, client connections included).
+fn holder(ready: OwnedFd, go: OwnedFd, parent_ends: [i32; 2], parent: i32) -> ! {
     use std::os::fd::AsRawFd;
     // SAFETY: raw syscalls on fds this child owns, with a valid 1-byte buffer each; no
     // allocation, no locks (we are the only thread of a forked child).
     unsafe {
+        for fd in parent_ends {
+            libc::close(fd);
+        }
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+        if libc::getppid() != parent {
+            libc::_exit(1);
+        }
         let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
         let byte: u8 = if ok { b'+' } else { b'-' };
         libc::write(ready.as_raw_fd(), (&byte as *const u8).cast(), 1);

@@ -103,6 +103,7 @@ mod sockets;
 mod testutil;
 mod tmpfs;
 mod ttys;
+mod userns;
 mod validate;
 mod wire;
 
@@ -111,4 +112,5 @@ pub use mounts::AllowedBind;
 pub use sockets::{tcp_connections, SocketImageError, TcpConnection};
 pub use tmpfs::ALLOWED_CHAR_DEVICES;
 pub use ttys::PTY_OPEN_TRIES;
+pub use userns::{rebase_userns_images, userns_uid_map, IdExtent, UsernsImageError};
 pub use validate::{validate_restore_paths, validate_restore_paths_allowing, ImagePathReport};

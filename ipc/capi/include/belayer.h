@@ -408,6 +408,40 @@ typedef struct BelayerExecVerdict {
   int dirty;
 } BelayerExecVerdict;
 
+// One child of a fork.
+typedef struct BelayerForkChild {
+  // The child's sandbox id (owned by the library until freed).
+  char *id;
+  // Host pid of its init.
+  int32_t init_pid;
+  // Its restore, milliseconds.
+  double total_ms;
+  // Whether its restored state was checked against the checkpoint.
+  bool verified;
+  // Its restored upper layer matches the checkpoint (valid when `verified`).
+  bool fs_matches;
+  // Its restored processes match the checkpoint (valid when `verified`).
+  bool processes_match;
+} BelayerForkChild;
+
+// Result of [`belayer_fork`]; free with [`belayer_fork_info_free`].
+typedef struct BelayerForkInfo {
+  // The fork's id, `fk-<12 hex>`.
+  char *fork;
+  // The checkpoint forked from, `c<seq>-k<K>`.
+  char *checkpoint;
+  // Its action boundary K.
+  uint64_t prefix;
+  // L_K, the LLM context recorded with C_K.
+  struct BelayerBuf context;
+  // The children, `children_len` of them, in order.
+  struct BelayerForkChild *children;
+  // Number of children.
+  size_t children_len;
+  // From the request until every child ran, milliseconds.
+  double total_ms;
+} BelayerForkInfo;
+
 // A sandbox; free with [`belayer_sandbox_info_free`].
 typedef struct BelayerSandboxInfo {
   // Sandbox id.
@@ -809,6 +843,37 @@ int belayer_exec_with(BelayerClient client,
 // # Safety
 // `result` is null or points at a struct filled by this library (or zeroed).
 void belayer_exec_result_free(struct BelayerExecResult *result);
+
+// Forks `count` (1 to 256) new sandboxes from a checkpoint C_K of sandbox `id`, which keeps
+// running: the one named `checkpoint` (any branch) when not NULL, else that of action
+// boundary `prefix` on the ready checkpoint's line when `has_prefix`, else the ready one.
+// Each child is restored into an instance of its own (namespaces, cgroup, upper layer,
+// limits, user-namespace range), belongs to the caller, and has its own copy of C_K as its
+// ready checkpoint. All or nothing: on an error no child exists. Describes the fork in
+// `*out` (free with [`belayer_fork_info_free`]).
+//
+// Errors: `BELAYER_E_BAD_REQUEST` (a count out of range), `BELAYER_E_NOT_FOUND` (no such
+// or no ready checkpoint), `BELAYER_E_PERMISSION_DENIED` (past the caller's sandbox cap),
+// daemon codes of a child's restore.
+// Thread-safety: any thread; serialized per client.
+//
+// # Safety
+// `id` is a NUL-terminated string; `checkpoint` is NULL or one; `out` is a valid pointer
+// to write to.
+int belayer_fork(BelayerClient client,
+                 const char *id,
+                 const char *checkpoint,
+                 bool has_prefix,
+                 uint64_t prefix,
+                 uint32_t count,
+                 bool verify,
+                 struct BelayerForkInfo *out);
+
+// Frees what [`belayer_fork`] stored in `*info` and zeroes it. NULL is ignored.
+//
+// # Safety
+// `info` is null or points at a struct filled by this library (or zeroed).
+void belayer_fork_info_free(struct BelayerForkInfo *info);
 
 // The ABI version of the loaded library ([`BELAYER_ABI_VERSION`] of its build).
 //

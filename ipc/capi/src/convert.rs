@@ -294,3 +294,28 @@ pub(crate) fn connect_to(path: Option<&str>) -> Result<Client, Failure> {
     Client::connect(path.unwrap_or(BELAYER_DEFAULT_SOCKET))
         .map_err(|err| Failure::new(BELAYER_E_CONNECT, error_chain(&err)))
 }
+
+/// Leaks `items` as a C array (`(NULL, 0)` when empty).
+pub(crate) fn array<T>(items: Vec<T>) -> (*mut T, usize) {
+    if items.is_empty() {
+        return (std::ptr::null_mut(), 0);
+    }
+    let len = items.len();
+    (Box::into_raw(items.into_boxed_slice()).cast::<T>(), len)
+}
+
+/// Takes back an array of [`array`] and reset `(items, len)`.
+///
+/// # Safety
+/// `(items, len)` came from [`array`] (or is `(NULL, _)`), and is not used afterwards.
+pub(crate) unsafe fn take_array<T>(items: &mut *mut T, len: &mut usize) -> Vec<T> {
+    if items.is_null() {
+        *len = 0;
+        return Vec::new();
+    }
+    let slice = std::ptr::slice_from_raw_parts_mut(*items, *len);
+    *items = std::ptr::null_mut();
+    *len = 0;
+    // SAFETY: from Box::into_raw of a boxed slice of this length (contract); reset above.
+    unsafe { Box::from_raw(slice) }.into_vec()
+}

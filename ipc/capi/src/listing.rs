@@ -112,31 +112,6 @@ impl BelayerSandboxEntry {
     }
 }
 
-/// Leaks `items` as a C array (`(NULL, 0)` when empty).
-fn array<T>(items: Vec<T>) -> (*mut T, usize) {
-    if items.is_empty() {
-        return (std::ptr::null_mut(), 0);
-    }
-    let len = items.len();
-    (Box::into_raw(items.into_boxed_slice()).cast::<T>(), len)
-}
-
-/// Takes back an array of [`array`] and reset `(items, len)`.
-///
-/// # Safety
-/// `(items, len)` came from [`array`] (or is `(NULL, _)`), and is not used afterwards.
-unsafe fn take_array<T>(items: &mut *mut T, len: &mut usize) -> Vec<T> {
-    if items.is_null() {
-        *len = 0;
-        return Vec::new();
-    }
-    let slice = std::ptr::slice_from_raw_parts_mut(*items, *len);
-    *items = std::ptr::null_mut();
-    *len = 0;
-    // SAFETY: from Box::into_raw of a boxed slice of this length (contract); reset above.
-    unsafe { Box::from_raw(slice) }.into_vec()
-}
-
 /// Describes sandbox `id` with its configuration (tag, env, workdir, limits, user
 /// namespace, cgroup) into `*out` (free with [`belayer_sandbox_entry_free`]).
 ///

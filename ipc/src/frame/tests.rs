@@ -54,7 +54,7 @@ fn header_layout_is_little_endian() {
     };
     let bytes = encode_frame(&envelope, DEFAULT_MAX_FRAME).unwrap();
     let payload = &bytes[HEADER_LEN..];
-    assert_eq!(&bytes[4..6], &[11, 0]);
+    assert_eq!(&bytes[4..6], &[12, 0]);
     assert_eq!(bytes[6], 1);
     assert_eq!(bytes[7], 0);
     assert_eq!(&bytes[8..12], &(payload.len() as u32).to_le_bytes());

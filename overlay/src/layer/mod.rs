@@ -62,6 +62,7 @@
 pub(crate) mod blobs;
 mod capture;
 mod extents;
+mod idshift;
 pub(crate) mod manifest;
 mod materialize;
 mod warm;
@@ -72,6 +73,7 @@ pub use capture::{
     PendingLayer, INLINE_MAX_BYTES,
 };
 pub use extents::{MAX_EXTENTS_PER_FILE, MAX_HOLE_AMPLIFICATION};
+pub use idshift::{IdShift, IdShiftError};
 pub use manifest::{
     BlobId, EntryKind, Extent, LayerEntry, LayerManifest, ManifestError, StatKey,
     LAYER_FORMAT_VERSION, MANIFEST_MAGIC, MAX_MANIFEST_BYTES,

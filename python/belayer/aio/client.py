@@ -10,6 +10,7 @@ from ..client import (
     Client,
     Decision,
     ExecResult,
+    ForkInfo,
     Policy,
     RestoreInfo,
     Sandbox,
@@ -230,6 +231,11 @@ class AsyncClient:
         :meth:`belayer.Client.restore`)."""
         return await self._forward("restore", id, verify, **options)
 
+    async def fork(self, id: Text, count: int, **options: Any) -> ForkInfo:
+        """Forks ``count`` new sandboxes from a checkpoint C_K of sandbox ``id`` (keywords
+        ``prefix``, ``checkpoint``, ``verify``; see :meth:`belayer.Client.fork`)."""
+        return await self._forward("fork", id, count, **options)
+
     # -- the LLM-context log ----------------------------------------------------------------
 
     async def context_append(self, trajectory: Text, prefix: int, context: bytes) -> int:
@@ -340,6 +346,12 @@ class AsyncSandbox:
     async def restore(self, verify: bool = True, **options: Any) -> RestoreInfo:
         """See :meth:`AsyncClient.restore`."""
         return await self.client.restore(self.id, verify, **options)
+
+    async def fork(self, count: int, **options: Any) -> "list[AsyncSandbox]":
+        """Forks ``count`` new sandboxes from a checkpoint C_K of this one (see
+        :meth:`AsyncClient.fork`); returns them, bound to the same client, in order."""
+        info = await self.client.fork(self.id, count, **options)
+        return [AsyncSandbox(self.client, c.id) for c in info.children]
 
     async def destroy(self) -> None:
         """See :meth:`AsyncClient.destroy`."""

@@ -410,6 +410,8 @@ fn take(
         own_netns,
         upper_snapshot,
         upper_bytes,
+        userns: rec.userns,
+        forked_from: None,
         timings_ms: t.clone(),
         created_unix_ms: sys::now_unix_ms(),
     };

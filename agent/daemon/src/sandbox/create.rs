@@ -188,6 +188,7 @@ pub fn create(
         owner_uid,
         inherited_bytes: 0,
         image_digest: image.digest.clone(),
+        pending_fork: None,
     };
     let result = (|| {
         CheckpointStore::create(&paths.checkpoints())?;

@@ -49,11 +49,15 @@ pub(crate) fn teardown(slot: &SandboxSlot) -> Result<(), CgroupError> {
 /// RCU grace period (about 100 ms here), so restore hands this to a background thread: the old
 /// instance is garbage once its processes are dead.
 pub(crate) fn retire_instance(paths: &SandboxPaths, n: u32) {
+    let dir = paths.instance(n);
+    if !dir.exists() {
+        // Never made (a fork child's instance 0).
+        return;
+    }
     let merged = paths.merged(n);
     if let Err(e) = belayer_overlay::unmount(&merged) {
         tracing::warn!(path = %merged.display(), error = %e, "cannot unmount old root");
     }
-    let dir = paths.instance(n);
     if let Err(e) = crate::quota::remove_instance_dir(&dir) {
         tracing::warn!(path = %dir.display(), error = %e, "cannot remove old instance");
     }

@@ -19,6 +19,7 @@ pub mod changes;
 pub mod checkpoint;
 pub mod create;
 pub mod exec;
+pub mod fork;
 mod ghosts;
 mod helper_cmd;
 mod image_config;

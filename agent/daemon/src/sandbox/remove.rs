@@ -112,6 +112,39 @@ pub fn delete_sandbox_dir(dir: &std::path::Path) {
     }
 }
 
+/// Removes what a creation interrupted before its record was written left of sandbox `id`
+/// (found at adoption: a dir without `state.json`): its cgroup (`cgroup`) killed and
+/// removed with whatever init had started in it, its instance roots unmounted, the dir
+/// deleted. Nothing of it was ever given to a client. A cgroup that cannot be emptied keeps
+/// the dir for the next start.
+pub fn remove_unrecorded(paths: &super::SandboxPaths, cgroup: &str) {
+    if let Ok(cg) = crate::cgroup::SandboxCgroup::open(cgroup) {
+        let emptied = cg
+            .kill_all(std::time::Duration::from_secs(10))
+            .and_then(|()| cg.remove());
+        if let Err(e) = emptied {
+            tracing::error!(path = %paths.dir.display(), error = %e, "cannot kill what an interrupted creation started");
+            return;
+        }
+    }
+    if let Ok(entries) = fs::read_dir(&paths.dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name.strip_prefix("inst-").and_then(|n| n.parse().ok()) {
+                let _ = belayer_overlay::unmount(&paths.merged(n));
+            }
+        }
+    }
+    let trash = trash_path(&paths.dir);
+    match fs::rename(&paths.dir, &trash) {
+        Ok(()) => delete_sandbox_dir(&trash),
+        Err(e) => {
+            tracing::warn!(path = %paths.dir.display(), error = %e, "cannot move an interrupted creation's dir away")
+        }
+    }
+    tracing::info!(path = %paths.dir.display(), "removed what an interrupted creation left");
+}
+
 /// Prefix of removed sandbox dirs awaiting deletion in `state_dir/sandboxes`.
 pub const TRASH_PREFIX: &str = ".trash-";
 

@@ -38,6 +38,7 @@ use crate::sys;
 mod error;
 mod rewind;
 pub use rewind::Choice;
+pub(crate) use rewind::Target;
 mod upper;
 pub use error::RestoreError;
 pub(crate) use upper::{charged_bytes, ghost_bytes};
@@ -95,6 +96,19 @@ fn restore_locked(
         Some(name) => Some(store.load(name).map_err(corrupt)?),
         None => None,
     };
+    if let Some(found) = manifest.as_ref().and_then(|m| m.userns) {
+        if rec.userns != Some(found) {
+            return Err(RestoreError::ForeignRange {
+                id: id.clone(),
+                checkpoint: manifest
+                    .as_ref()
+                    .map(|m| m.checkpoint.clone())
+                    .unwrap_or_default(),
+                expected: rec.userns,
+                found,
+            });
+        }
+    }
     let layer = match &manifest {
         Some(m) => Some(store.load_layer(m).map_err(corrupt)?),
         None => None,

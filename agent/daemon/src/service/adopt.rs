@@ -2,7 +2,10 @@
 //! outlive `belayerd`; a checkpoint interrupted by a crash is finished off (an orphaned CRIU
 //! dump told to abort, the cgroup thawed, unpublished checkpoints discarded), a dead init makes
 //! the sandbox failed, stale instances and removed sandboxes are deleted in the background,
-//! and user-namespace ranges and disk limits are taken up again.
+//! and user-namespace ranges and disk limits are taken up again. Children of a fork that
+//! did not reach its commit point are removed; those of one that did are kept, and the
+//! commit markers deleted once every such child's record says so
+//! ([`crate::sandbox::fork`]).
 
 use std::fs;
 use std::sync::Arc;
@@ -35,6 +38,7 @@ impl Agent {
         // CRIU dump to end (up to 30 s), which must not hold up the others (nor the socket,
         // which opens after adoption).
         let next = std::sync::atomic::AtomicUsize::new(0);
+        let markers_needed = std::sync::atomic::AtomicBool::new(false);
         let workers = ids.len().clamp(1, ADOPT_THREADS);
         std::thread::scope(|s| {
             for _ in 0..workers {
@@ -43,22 +47,77 @@ impl Agent {
                     let Some(id) = ids.get(i) else {
                         break;
                     };
-                    self.adopt_one(id.clone());
+                    if !self.adopt_one(id.clone()) {
+                        markers_needed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                 });
             }
         });
+        if !markers_needed.into_inner() {
+            let markers = sandbox::fork::markers_dir(&self.rt.config.state_dir);
+            for e in fs::read_dir(&markers).into_iter().flatten().flatten() {
+                let _ = fs::remove_file(e.path());
+            }
+        }
     }
 
-    /// Adopts the sandbox `id` of the state dir (see the module docs).
-    fn adopt_one(&self, id: String) {
+    /// A child of fork `fork` found at adoption: kept (its mark cleared, `true`) when the
+    /// fork committed; else removed with whatever of it exists (`None` returned on success;
+    /// its range is not taken up again). A child that cannot be removed keeps its range and
+    /// stays on disk for the next adoption to try again.
+    fn adopt_fork_child(
+        &self,
+        rec: SandboxRecord,
+        paths: &SandboxPaths,
+        fork: &str,
+    ) -> Option<SandboxRecord> {
+        if sandbox::fork::is_committed(&self.rt.config.state_dir, fork) {
+            let mut rec = rec;
+            rec.pending_fork = None;
+            return Some(rec);
+        }
+        let (id, userns) = (rec.id.clone(), rec.userns);
+        let slot = SandboxSlot::new(rec, paths.clone());
+        match sandbox::remove::remove(&slot) {
+            Ok(()) => {
+                tracing::info!(sandbox = %id, fork, "removed a child of an unfinished fork");
+            }
+            Err(err) => {
+                tracing::error!(sandbox = %id, fork, error = %err, "cannot remove a child of an unfinished fork");
+                if let Some(range) = userns {
+                    self.rt.userns.adopt(range);
+                }
+            }
+        }
+        None
+    }
+
+    /// Adopts the sandbox `id` of the state dir (see the module docs). Returns `false` when
+    /// a kept fork child's record could not be rewritten (the fork's marker must stay).
+    fn adopt_one(&self, id: String) -> bool {
         let paths = SandboxPaths::new(&self.rt.config.state_dir, &id);
         let mut rec = match SandboxRecord::load(&paths) {
             Ok(r) => r,
+            Err(crate::record::RecordError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && id.starts_with("sb-") =>
+            {
+                // A creation killed before its record was written (records are written
+                // atomically: none, or a whole one).
+                sandbox::remove::remove_unrecorded(&paths, &self.rt.cgroup_rel(&id));
+                return true;
+            }
             Err(err) => {
                 tracing::warn!(sandbox = %id, error = %err, "skipping sandbox with unreadable state");
-                return;
+                return true;
             }
         };
+        let forked = rec.pending_fork.clone();
+        if let Some(fork) = &forked {
+            match self.adopt_fork_child(rec, &paths, fork) {
+                Some(kept) => rec = kept,
+                None => return true,
+            }
+        }
         if let Some(range) = rec.userns {
             self.rt.userns.adopt(range);
         }
@@ -144,7 +203,8 @@ impl Agent {
                 }
             });
         }
-        if let Err(err) = rec.save(&paths) {
+        let saved = rec.save(&paths);
+        if let Err(err) = &saved {
             tracing::warn!(sandbox = %id, error = %err, "cannot persist adopted state");
         }
         tracing::info!(sandbox = %id, state = rec.state.as_str(), "adopted sandbox");
@@ -153,6 +213,7 @@ impl Agent {
         }
         self.registry()
             .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
+        forked.is_none() || saved.is_ok()
     }
 }
 

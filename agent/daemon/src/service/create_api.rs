@@ -24,17 +24,32 @@ impl Creating {
     }
 }
 
-/// One creation in flight; leaves the list on drop.
-struct InFlight<'a> {
+/// Creations in flight (one, or a fork's children); they leave the list on drop.
+pub(super) struct InFlight<'a> {
     creating: &'a Creating,
-    entry: (u32, String),
+    entries: Vec<(u32, String)>,
+}
+
+impl<'a> InFlight<'a> {
+    /// Adds `entries` to `list` (the locked `creating`) and holds them until dropped.
+    pub(super) fn many(
+        creating: &'a Creating,
+        list: &mut Vec<(u32, String)>,
+        entries: impl IntoIterator<Item = (u32, String)>,
+    ) -> InFlight<'a> {
+        let entries: Vec<(u32, String)> = entries.into_iter().collect();
+        list.extend(entries.iter().cloned());
+        InFlight { creating, entries }
+    }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let mut list = self.creating.lock();
-        if let Some(i) = list.iter().position(|e| *e == self.entry) {
-            list.swap_remove(i);
+        for entry in &self.entries {
+            if let Some(i) = list.iter().position(|e| e == entry) {
+                list.swap_remove(i);
+            }
         }
     }
 }
@@ -60,12 +75,7 @@ impl Agent {
                 tracing::warn!(uid, pid = caller.cred.pid, error = %e, "refused a sandbox spec");
                 return error(e.code(), &e);
             }
-            let entry = (uid, spec.image.clone());
-            creating.push(entry.clone());
-            InFlight {
-                creating: &self.creating,
-                entry,
-            }
+            InFlight::many(&self.creating, &mut creating, [(uid, spec.image.clone())])
         };
         let created = crate::sandbox::create::create(&self.rt, spec, uid);
         match created {

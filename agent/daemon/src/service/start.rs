@@ -170,6 +170,7 @@ impl Agent {
             contexts,
             failed_seen: Mutex::new(std::collections::HashSet::new()),
             creating: Default::default(),
+            forking: Default::default(),
             metrics: crate::metrics::Metrics::new(
                 env!("CARGO_PKG_VERSION"),
                 belayer_ipc::PROTOCOL_VERSION,

@@ -106,6 +106,16 @@ pub struct Manifest {
     /// snapshot inherits them; absent without a snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upper_bytes: Option<u64>,
+    /// Host id range of the sandbox's user namespace when the checkpoint was taken: the ids
+    /// of F_k's owners and of R_k's namespace maps. A restore refuses a checkpoint of another
+    /// range than the sandbox's (a fork copies a checkpoint into its own range, see
+    /// [`super::copy`]). Absent from older manifests and for `--userns=host` sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<crate::userns::IdRange>,
+    /// `<sandbox>/<checkpoint>` this checkpoint was copied from by a fork; absent for a
+    /// checkpoint the sandbox took itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
     /// Phase timings of the checkpoint, ms (publish and total are those known when written).
     pub timings_ms: CheckpointTimings,
     /// Publication time, ms since the Unix epoch.
@@ -169,6 +179,8 @@ impl Manifest {
             image_digest: None,
             upper_snapshot: None,
             upper_bytes: None,
+            userns: None,
+            forked_from: None,
             timings_ms: Default::default(),
             created_unix_ms: 0,
         }

@@ -16,6 +16,7 @@
 //! `READY` back at it without lowering the bound, so the checkpoints taken after it stay
 //! visible and restorable as another branch; the next checkpoint starts a new branch from it.
 
+pub mod copy;
 pub mod manifest;
 pub mod pointer;
 pub mod snapshot;

@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
     BelayerSandboxList list;
     BelayerCheckpointList cps;
     BelayerRestoreInfo restored;
+    BelayerForkInfo fk;
     BelayerGcResult gc;
     uint64_t dropped = 99;
 
@@ -117,6 +118,7 @@ int main(int argc, char **argv) {
     memset(&list, 0, sizeof list);
     memset(&cps, 0, sizeof cps);
     memset(&restored, 0, sizeof restored);
+    memset(&fk, 0, sizeof fk);
     snprintf(tag, sizeof tag, "c-gc-%ld", (long)time(NULL));
 
     CHECK(belayer_abi_version() == BELAYER_ABI_VERSION);
@@ -199,6 +201,32 @@ int main(int argc, char **argv) {
     CHECK(restored.prefix == 2 && !restored.verified);
     belayer_restore_info_free(&restored);
 
+    /* Fork: three children from C_2 (by prefix), each with C_2's files and L_2; then one
+     * from C_3 by name, on the branch. Bad counts are refused and leave nothing. */
+    OK(belayer_fork(c, id, NULL, true, 2, 3, true, &fk));
+    CHECK(fk.children_len == 3 && fk.prefix == 2 && strncmp(fk.fork, "fk-", 3) == 0);
+    CHECK(fk.context.len == 4 && memcmp(fk.context.data, "ctx2", 4) == 0);
+    CHECK(strcmp(fk.checkpoint, "c000002-k2") == 0 && fk.total_ms > 0);
+    for (size_t i = 0; i < fk.children_len; i++) {
+        CHECK(fk.children[i].verified && fk.children[i].fs_matches);
+        CHECK(fk.children[i].processes_match && fk.children[i].init_pid > 0);
+        OK(run(c, fk.children[i].id, "cat log", NULL, out, sizeof out));
+        CHECK(strcmp(out, "k1\nk2\n") == 0);
+        OK(belayer_sandbox_destroy(c, fk.children[i].id));
+    }
+    belayer_fork_info_free(&fk);
+    belayer_fork_info_free(&fk);
+    CHECK(fk.children == NULL && fk.children_len == 0 && fk.fork == NULL);
+    OK(belayer_fork(c, id, "c000003-k3", false, 0, 1, false, &fk));
+    CHECK(fk.children_len == 1 && fk.prefix == 3 && !fk.children[0].verified);
+    OK(run(c, fk.children[0].id, "cat log", NULL, out, sizeof out));
+    CHECK(strcmp(out, "k1\nk2\nk3\n") == 0);
+    OK(belayer_sandbox_destroy(c, fk.children[0].id));
+    belayer_fork_info_free(&fk);
+    CHECK(belayer_fork(c, id, NULL, false, 0, 0, false, &fk) == BELAYER_E_BAD_REQUEST);
+    CHECK(fk.children == NULL && fk.fork == NULL);
+    CHECK(belayer_fork(c, id, NULL, true, 7, 1, false, &fk) == BELAYER_E_NOT_FOUND);
+
     /* Listing: both sandboxes, with their configurations. */
     OK(belayer_sandbox_list(c, &list));
     CHECK(listed(&list, id, &workdir) && workdir != NULL && strcmp(workdir, "/srv") == 0);
@@ -230,6 +258,7 @@ out:
     belayer_sandbox_list_free(&list);
     belayer_checkpoint_list_free(&cps);
     belayer_restore_info_free(&restored);
+    belayer_fork_info_free(&fk);
     belayer_string_free(&id);
     belayer_string_free(&other);
     if (c) belayer_close(c);

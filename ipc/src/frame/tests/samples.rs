@@ -113,9 +113,10 @@ pub(super) fn request_variant(request: &Request) -> usize {
         Request::PullImage(_) => 23,
         Request::ImportOci(_) => 24,
         Request::RestoreCheckpoint { .. } => 25,
+        Request::Fork(_) => 26,
     }
 }
-pub(super) const REQUEST_VARIANTS: usize = 26;
+pub(super) const REQUEST_VARIANTS: usize = 27;
 
 pub(super) fn response_variant(response: &Response) -> usize {
     match response {
@@ -138,9 +139,10 @@ pub(super) fn response_variant(response: &Response) -> usize {
         Response::TransferReady { .. } => 16,
         Response::DownloadChunk { .. } => 17,
         Response::Transferred(_) => 18,
+        Response::Forked(_) => 19,
     }
 }
-pub(super) const RESPONSE_VARIANTS: usize = 19;
+pub(super) const RESPONSE_VARIANTS: usize = 20;
 
 pub(super) fn all_requests() -> Vec<Request> {
     vec![
@@ -291,7 +293,39 @@ pub(super) fn all_requests() -> Vec<Request> {
             verify: true,
             checkpoint: "c000004-k2".to_owned(),
         },
+        Request::Fork(crate::ForkRequest {
+            id: "sb-1".to_owned(),
+            prefix: Some(2),
+            checkpoint: None,
+            count: 8,
+            verify: true,
+        }),
     ]
+}
+
+fn restore_info() -> RestoreInfo {
+    RestoreInfo {
+        sandbox: "sb-1".to_owned(),
+        prefix: Some(3),
+        context: vec![9; 100],
+        init_pid: 777,
+        timings_ms: RestoreTimings {
+            teardown: 1.0,
+            verify: 2.0,
+            fs_install: 3.0,
+            mount: 0.5,
+            criu_restore: 4.0,
+            total: 10.0,
+        },
+        validity: Some(crate::message::RestoreValidity {
+            fs_matches: true,
+            processes_match: true,
+            expected_processes: vec!["1 sh".to_owned()],
+            restored_processes: vec!["1 sh".to_owned()],
+        }),
+        inodes_kept: true,
+        dropped_prefixes: vec![4, 5],
+    }
 }
 
 pub(super) fn all_responses() -> Vec<Response> {
@@ -320,28 +354,7 @@ pub(super) fn all_responses() -> Vec<Response> {
         }),
         Response::Checkpoint(checkpoint_info()),
         Response::Checkpoints(vec![checkpoint_info()]),
-        Response::Restored(RestoreInfo {
-            sandbox: "sb-1".to_owned(),
-            prefix: Some(3),
-            context: vec![9; 100],
-            init_pid: 777,
-            timings_ms: RestoreTimings {
-                teardown: 1.0,
-                verify: 2.0,
-                fs_install: 3.0,
-                mount: 0.5,
-                criu_restore: 4.0,
-                total: 10.0,
-            },
-            validity: Some(crate::message::RestoreValidity {
-                fs_matches: true,
-                processes_match: true,
-                expected_processes: vec!["1 sh".to_owned()],
-                restored_processes: vec!["1 sh".to_owned()],
-            }),
-            inodes_kept: true,
-            dropped_prefixes: vec![4, 5],
-        }),
+        Response::Restored(restore_info()),
         Response::Gc {
             removed: 2,
             bytes: 4096,
@@ -401,6 +414,15 @@ pub(super) fn all_responses() -> Vec<Response> {
         Response::Error(ErrorReply {
             code: ErrorCode::NoSpace,
             message: "no space left while writing \"big\"".to_owned(),
+        }),
+        Response::Forked(crate::ForkInfo {
+            fork: "fk-0123456789ab".to_owned(),
+            source: "sb-1".to_owned(),
+            checkpoint: "c000004-k2".to_owned(),
+            prefix: 2,
+            context: vec![7; 50],
+            children: vec![restore_info(), RestoreInfo::default()],
+            total_ms: 88.5,
         }),
     ]
 }

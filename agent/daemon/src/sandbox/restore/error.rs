@@ -118,6 +118,20 @@ pub enum RestoreError {
         /// Digest of the image under that name now (`none` when it has none).
         found: String,
     },
+    /// The checkpoint's ids are in another host id range than the sandbox's user namespace
+    /// (a checkpoint of another sandbox placed in this one's store): its files and
+    /// namespace maps would belong to someone else's range. Nothing was touched.
+    #[error("checkpoint {checkpoint} of sandbox {id} holds the ids of host range {found:?}, the sandbox has {expected:?}")]
+    ForeignRange {
+        /// Sandbox id.
+        id: String,
+        /// Checkpoint name.
+        checkpoint: String,
+        /// The sandbox's range.
+        expected: Option<crate::userns::IdRange>,
+        /// The checkpoint's.
+        found: crate::userns::IdRange,
+    },
     /// Re-capturing the restored upper layer for the validity check failed.
     #[error("cannot re-capture the restored upper layer of sandbox {id}")]
     Verify {
@@ -168,9 +182,9 @@ impl RestoreError {
     /// Protocol error code.
     pub fn code(&self) -> ErrorCode {
         match self {
-            RestoreError::Corrupt { .. } | RestoreError::CorruptBlob { .. } => {
-                ErrorCode::CorruptCheckpoint
-            }
+            RestoreError::Corrupt { .. }
+            | RestoreError::CorruptBlob { .. }
+            | RestoreError::ForeignRange { .. } => ErrorCode::CorruptCheckpoint,
             RestoreError::FsInstall {
                 source: belayer_overlay::InstallError::Blob { .. },
                 ..

@@ -33,7 +33,7 @@ impl Choice {
 
 /// The checkpoint a restore uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Target {
+pub(crate) struct Target {
     /// The ready checkpoint before the restore, if any.
     pub ready: Option<String>,
     /// The checkpoint to restore (`None`: none is ready; the sandbox restarts from its
@@ -45,7 +45,7 @@ impl Target {
     /// The checkpoint `choice` names. Errors: the store's pointer or listing cannot be read
     /// ([`RestoreError::Corrupt`]); no checkpoint of that prefix on the ready line
     /// ([`RestoreError::NoCheckpoint`]) or of that name ([`RestoreError::NoSuchCheckpoint`]).
-    pub(super) fn choose(
+    pub(crate) fn choose(
         store: &CheckpointStore,
         id: &str,
         choice: &Choice,
