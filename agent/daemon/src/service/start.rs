@@ -239,7 +239,11 @@ fn make_empty_dir() -> std::io::Result<()> {
     Ok(())
 }
 
-/// Takes an exclusive, non-blocking `flock` on `state_dir/belayerd.lock`.
+/// How long a start waits for the state dir's lock: a predecessor killed a moment ago may
+/// still have forked children (not yet exec'd, or dying with it) holding its descriptor.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Takes an exclusive `flock` on `state_dir/belayerd.lock`, waiting up to [`LOCK_WAIT`].
 fn lock_state_dir(state_dir: &std::path::Path) -> Result<fs::File, StartError> {
     let path = state_dir.join("belayerd.lock");
     let file = fs::OpenOptions::new()
@@ -251,11 +255,21 @@ fn lock_state_dir(state_dir: &std::path::Path) -> Result<fs::File, StartError> {
             path: path.clone(),
             source,
         })?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-        |e| StartError::Locked {
-            path: state_dir.to_path_buf(),
-            source: e.into(),
-        },
-    )?;
-    Ok(file)
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(e)
+                if e == rustix::io::Errno::WOULDBLOCK && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => {
+                return Err(StartError::Locked {
+                    path: state_dir.to_path_buf(),
+                    source: e.into(),
+                })
+            }
+        }
+    }
 }
