@@ -6,17 +6,7 @@ use super::wire::COMMON_MAGIC;
 
 /// Encodes `(field, value)` pairs as a message: `Ok` a varint, `Err` a byte string.
 pub(crate) fn enc(fields: &[(u32, Result<u64, &[u8]>)]) -> Vec<u8> {
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        loop {
-            let b = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(b);
-                return;
-            }
-            out.push(b | 0x80);
-        }
-    }
+    use super::userns::varint;
     let mut out = Vec::new();
     for (n, v) in fields {
         match v {

@@ -149,7 +149,8 @@ fn read_maps(path: &Path) -> Result<(Vec<IdExtent>, Vec<IdExtent>), UsernsImageE
     Ok((uid, gid))
 }
 
-fn varint(mut v: u64, out: &mut Vec<u8>) {
+/// Appends `v` as a protobuf varint.
+pub(crate) fn varint(mut v: u64, out: &mut Vec<u8>) {
     loop {
         let b = (v & 0x7f) as u8;
         v >>= 7;

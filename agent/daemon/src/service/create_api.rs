@@ -60,22 +60,9 @@ impl Agent {
     /// registered and described.
     pub(super) fn create_sandbox(&self, caller: &Caller, spec: SandboxSpec) -> Response {
         let uid = caller.cred.uid;
-        let in_flight = {
-            let registry = self.registry();
-            let mut creating = self.creating.lock();
-            let held = registry
-                .values()
-                .filter(|s| s.record().owner_uid == uid)
-                .count()
-                + creating.iter().filter(|(u, _)| *u == uid).count();
-            let checked = access::check_spec(caller, &spec)
-                .and_then(|()| access::check_limits(caller, &spec, &self.rt.config, held))
-                .and_then(|()| self.check_image_use(caller, &spec.image));
-            if let Err(e) = checked {
-                tracing::warn!(uid, pid = caller.cred.pid, error = %e, "refused a sandbox spec");
-                return error(e.code(), &e);
-            }
-            InFlight::many(&self.creating, &mut creating, [(uid, spec.image.clone())])
+        let in_flight = match self.admit(caller, &spec, 1, "refused a sandbox spec") {
+            Ok(f) => f,
+            Err(r) => return *r,
         };
         let created = crate::sandbox::create::create(&self.rt, spec, uid);
         match created {
@@ -88,5 +75,36 @@ impl Agent {
             }
             Err(e) => error(e.code(), &e),
         }
+    }
+
+    /// Admits `count` creations of `spec` for `caller` (its rights, its per-uid cap counting
+    /// the sandboxes it holds and those being made, the image): held in the in-flight list
+    /// until the returned guard drops. Refused: the `PermissionDenied` (or other) answer, boxed,
+    /// logged as `what`.
+    pub(super) fn admit(
+        &self,
+        caller: &Caller,
+        spec: &SandboxSpec,
+        count: u32,
+        what: &str,
+    ) -> Result<InFlight<'_>, Box<Response>> {
+        let uid = caller.cred.uid;
+        let registry = self.registry();
+        let mut creating = self.creating.lock();
+        let held = registry
+            .values()
+            .filter(|s| s.record().owner_uid == uid)
+            .count()
+            + creating.iter().filter(|(u, _)| *u == uid).count();
+        let last = held + (count.max(1) as usize) - 1;
+        let checked = access::check_spec(caller, spec)
+            .and_then(|()| access::check_limits(caller, spec, &self.rt.config, last))
+            .and_then(|()| self.check_image_use(caller, &spec.image));
+        if let Err(e) = checked {
+            tracing::warn!(uid, pid = caller.cred.pid, error = %e, "{what}");
+            return Err(Box::new(error(e.code(), &e)));
+        }
+        let entries = (0..count).map(|_| (uid, spec.image.clone()));
+        Ok(InFlight::many(&self.creating, &mut creating, entries))
     }
 }

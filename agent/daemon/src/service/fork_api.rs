@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use belayer_ipc::{Caller, ForkInfo, ForkRequest, Response};
 
-use super::{access, error, unknown, Agent};
+use super::{error, unknown, Agent};
 use crate::sandbox::fork::{self, ForkError};
 use crate::sandbox::restore::Choice;
 use crate::sandbox::SandboxSlot;
@@ -55,26 +55,9 @@ impl Agent {
         }
         let uid = caller.cred.uid;
         let spec = source.record().spec.clone();
-        let in_flight = {
-            let registry = self.registry();
-            let mut creating = self.creating.lock();
-            let held = registry
-                .values()
-                .filter(|s| s.record().owner_uid == uid)
-                .count()
-                + creating.iter().filter(|(u, _)| *u == uid).count();
-            let checked = access::check_spec(caller, &spec)
-                .and_then(|()| {
-                    let last = held + count as usize - 1;
-                    access::check_limits(caller, &spec, &self.rt.config, last)
-                })
-                .and_then(|()| self.check_image_use(caller, &spec.image));
-            if let Err(e) = checked {
-                tracing::warn!(uid, pid = caller.cred.pid, error = %e, "refused a fork");
-                return error(e.code(), &e);
-            }
-            let entries = (0..count).map(|_| (uid, spec.image.clone()));
-            super::create_api::InFlight::many(&self.creating, &mut creating, entries)
+        let in_flight = match self.admit(caller, &spec, count, "refused a fork") {
+            Ok(f) => f,
+            Err(r) => return *r,
         };
         let choice = match (&req.checkpoint, req.prefix) {
             (Some(name), _) => Choice::Named(name.clone()),
