@@ -127,6 +127,12 @@ impl SandboxPaths {
     pub fn criu_work(&self) -> PathBuf {
         self.dir.join("criu-work")
     }
+    /// The images dir a restore hands CRIU when R_k's pages are content-addressed: R_k's
+    /// files linked in and its pages files assembled from page packs
+    /// ([`crate::store::pages::assemble`]); removed once CRIU is done.
+    pub fn restore_images(&self) -> PathBuf {
+        self.dir.join("criu-images")
+    }
 }
 
 impl SandboxRecord {

@@ -130,8 +130,8 @@ impl Agent {
     }
 
     /// Removes the blobs no checkpoint refers to any more: reference counts over the layer
-    /// manifests of every published checkpoint of every sandbox plus the bases of the next
-    /// incremental captures, taken under the blob store's exclusive lock. A checkpoint whose
+    /// manifests and the page packs of every published checkpoint of every sandbox plus the
+    /// bases of the next incremental captures, taken under the blob store's exclusive lock. A checkpoint whose
     /// manifest cannot be read keeps nothing alive (it cannot be restored either); an old
     /// format checkpoint refers to no blobs. Returns the bytes freed.
     fn collect_blobs(&self) -> u64 {
@@ -149,9 +149,20 @@ impl Agent {
                     continue;
                 };
                 for name in store.names().unwrap_or_default() {
-                    match store.load(&name).and_then(|m| store.load_layer(&m)) {
+                    let m = match store.load(&name) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            tracing::warn!(checkpoint = %name, error = %e, "checkpoint keeps no blobs");
+                            continue;
+                        }
+                    };
+                    // Its page packs live even when its layer does not load.
+                    for pack in m.memory.iter().flat_map(|mem| mem.pack_ids()) {
+                        roots.add_blob(pack);
+                    }
+                    match store.load_layer(&m) {
                         Ok(layer) => roots.add(&layer),
-                        Err(e) => tracing::warn!(checkpoint = %name, error = %e, "checkpoint keeps no blobs"),
+                        Err(e) => tracing::warn!(checkpoint = %name, error = %e, "checkpoint keeps no blobs of its layer"),
                     }
                 }
             }

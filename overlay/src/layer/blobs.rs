@@ -86,7 +86,7 @@ pub struct GcStats {
 /// New blobs of one capture, prepared in staging and made visible together by
 /// [`BlobStore::commit`]. Dropping an uncommitted batch removes its files.
 #[derive(Debug, Default)]
-pub(crate) struct BlobBatch {
+pub struct BlobBatch {
     ids: std::collections::HashSet<BlobId>,
     files: Vec<(PathBuf, PathBuf)>,
 }
@@ -231,11 +231,28 @@ impl BlobStore {
         id: &BlobId,
         batch: &mut BlobBatch,
     ) -> Result<u64, BlobError> {
-        if batch.ids.contains(id) || self.holds_intact(id) {
+        self.insert_staged_as(staged, id, batch, self.compression)
+    }
+
+    /// [`insert_staged`](Self::insert_staged) compressed at `compression` whatever the
+    /// store's setting; with `None` the blob is stored uncompressed even when a compressed
+    /// copy is there already (a page pack must be, [`super::packs`]).
+    pub(crate) fn insert_staged_as(
+        &self,
+        staged: &Path,
+        id: &BlobId,
+        batch: &mut BlobBatch,
+        compression: Option<i32>,
+    ) -> Result<u64, BlobError> {
+        let there = match compression {
+            None => self.blob_path(id).is_file() && self.holds_intact(id),
+            Some(_) => self.holds_intact(id),
+        };
+        if batch.ids.contains(id) || there {
             fs::remove_file(staged).map_err(io_err("unlink", staged))?;
             return Ok(0);
         }
-        let (src, dest) = match self.compression {
+        let (src, dest) = match compression {
             None => (staged.to_path_buf(), self.blob_path(id)),
             Some(level) => {
                 let (out, zst) = self.staging_file()?;
@@ -283,7 +300,7 @@ impl BlobStore {
     /// into place, then each fan-out directory touched is synced once.
     ///
     /// Errors: [`BlobError::Io`]; blobs not yet renamed stay in staging (collected later).
-    pub(crate) fn commit(&self, mut batch: BlobBatch) -> Result<(), BlobError> {
+    pub fn commit(&self, mut batch: BlobBatch) -> Result<(), BlobError> {
         const FSYNC_EACH_UP_TO: usize = 16;
         let files = std::mem::take(&mut batch.files);
         if files.is_empty() {
@@ -312,7 +329,7 @@ impl BlobStore {
         Ok(())
     }
 
-    fn open_blob(&self, id: &BlobId) -> Result<(File, bool), BlobError> {
+    pub(crate) fn open_blob(&self, id: &BlobId) -> Result<(File, bool), BlobError> {
         for (path, compressed) in [(self.blob_path(id), false), (self.zst_path(id), true)] {
             match File::open(&path) {
                 Ok(f) => return Ok((f, compressed)),
@@ -558,6 +575,12 @@ pub struct GcRoots {
 }
 
 impl GcRoots {
+    /// Counts one reference to blob `id` held by something else than a layer manifest (a
+    /// page pack of a checkpoint's memory images, see [`BlobStore::insert_pack`]).
+    pub fn add_blob(&mut self, id: BlobId) {
+        *self.refs.entry(id).or_default() += 1;
+    }
+
     /// Counts the references of a live manifest.
     pub fn add(&mut self, manifest: &LayerManifest) {
         for entry in &manifest.entries {

@@ -9,9 +9,11 @@
 //!    [`belayer_overlay::layer`]);
 //! 3. CRIU-dump the process tree R_k into `criu/`, leaving it running;
 //! 4. thaw (a guard thaws on every path, errors included);
-//! 5. seal F_k (hash staged files, move new blobs into the node's blob store, fsync'd) and
-//!    write its layer manifest `upper.layer`; store L_k, digest every artifact, write
-//!    `manifest.json`, fsync everything;
+//! 5. content-address R_k's memory pages against the parent checkpoint's (new pages into a
+//!    page pack per pages file, [`crate::store::pages`]); seal F_k (hash staged files, move
+//!    new blobs into the node's blob store, fsync'd) and write its layer manifest
+//!    `upper.layer`; store L_k, digest every artifact, write `manifest.json`, fsync
+//!    everything;
 //! 6. rename the staging dir into place, then move the ready pointer to it.
 //!
 //! A shared lease on the blob store is held from before the freeze until the pointer moved,
@@ -344,6 +346,12 @@ fn take(
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
+    let memory =
+        store::pages::split_against_parent(&store, parent.as_deref(), &images_dir, &rt.blobs)
+            .map_err(|source| CheckpointError::Pages {
+                id: id.clone(),
+                source,
+            })?;
     if let Some(slot) = stage {
         slot.move_into(&criu_dir).map_err(write_err(&criu_dir))?;
     }
@@ -405,6 +413,7 @@ fn take(
         upper,
         layer: summary,
         criu,
+        memory,
         processes,
         ns_last_pid,
         own_netns,

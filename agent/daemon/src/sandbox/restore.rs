@@ -32,7 +32,7 @@ use super::instance::{retire_instance, teardown};
 use super::{SandboxSlot, SandboxState};
 use crate::cgroup::SandboxCgroup;
 use crate::runtime::Runtime;
-use crate::store::CheckpointStore;
+use crate::store::{pages, CheckpointStore};
 use crate::sys;
 
 mod error;
@@ -169,7 +169,7 @@ fn restore_locked(
     // R_k with its own (bare) network namespace: CRIU makes a fresh one, owned by the user
     // namespace it recreates (`sandbox::netns`); otherwise it joins one made here.
     let criu_netns = manifest.as_ref().is_some_and(|m| m.own_netns);
-    let (verified, materialized, netns) = std::thread::scope(|scope| {
+    let (verified, materialized, netns, assembled) = std::thread::scope(|scope| {
         // R_k's network namespace, made meanwhile (it takes a thread and ~1 ms).
         let netns = (manifest.is_some() && !criu_netns)
             .then(|| scope.spawn(|| locked_netns(&id, rec.userns.is_some())));
@@ -181,6 +181,7 @@ fn restore_locked(
                     m,
                     layer,
                     (!from_snapshot).then_some(&rt.blobs),
+                    &rt.blobs,
                     &id,
                 ),
                 _ => Ok(()),
@@ -195,6 +196,14 @@ fn restore_locked(
             };
             materialize_layer(layer, &rt.blobs, &upper, &opts)
         });
+        // R_k's pages files from their packs (checked by the verifier meanwhile).
+        let assembled = manifest.as_ref().filter(|m| m.memory.is_some()).map(|m| {
+            let t_pages = Instant::now();
+            let dest = slot.paths.restore_images();
+            let done = pages::assemble(m, &store.path(&m.checkpoint).join("criu"), &rt.blobs, &dest);
+            tracing::debug!(sandbox = %id, ms = ms(t_pages), stats = ?done.as_ref().ok(), "memory images assembled");
+            done.map(|_| ImagesDir(dest))
+        });
         t.fs_install = ms(t_fs);
         let verified = verifier
             .join()
@@ -208,7 +217,7 @@ fn restore_locked(
                 ))
             })
         });
-        (verified, materialized, netns)
+        (verified, materialized, netns, assembled)
     });
     t.verify = verified.1;
     let discard = |e: RestoreError| {
@@ -216,6 +225,12 @@ fn restore_locked(
         e
     };
     verified.0.map_err(discard)?;
+    let assembled = assembled.transpose().map_err(|source| {
+        discard(RestoreError::Pages {
+            id: id.clone(),
+            source,
+        })
+    })?;
     let (base, shared_bytes) = match materialized {
         Some(Ok((stats, rekeyed))) => (Some((n, std::sync::Arc::new(rekeyed))), stats.shared_bytes),
         Some(Err(source)) => {
@@ -301,7 +316,10 @@ fn restore_locked(
                 path: work.clone(),
                 source,
             })?;
-            let images = store.path(&m.checkpoint).join("criu");
+            let images = match &assembled {
+                Some(dir) => dir.0.clone(),
+                None => store.path(&m.checkpoint).join("criu"),
+            };
             let cgroup_dirs = instance
                 .cgroup()
                 .procs_files()
@@ -314,10 +332,7 @@ fn restore_locked(
                 .network_lock(Some(NetworkLock::Skip))
                 .join_cgroups(cgroup_dirs)
                 .new_cgroupns(true)
-                .time_limit(Some(super::criu_time_limit(
-                    &rt.config,
-                    m.criu.iter().map(|a| a.bytes).sum(),
-                )));
+                .time_limit(Some(super::criu_time_limit(&rt.config, m.criu_bytes())));
             // CRIU holds the restored tree at its pre-resume stage: the pid counter is set
             // and (with `verify`) the tree listed exactly as CRIU rebuilt it before any task
             // runs, without a signal to any of them (see `belayer_criu::RestoreStage`).
@@ -500,6 +515,20 @@ fn restore_locked(
         dropped_prefixes,
     };
     Ok((info, traced || manifest.is_none()))
+}
+
+/// The images dir assembled for CRIU ([`pages::assemble`]), removed when the restore is
+/// done with it, whatever its outcome.
+struct ImagesDir(std::path::PathBuf);
+
+impl Drop for ImagesDir {
+    fn drop(&mut self) {
+        if let Err(e) = belayer_overlay::remove_dir_all(&self.0) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.0.display(), error = %e, "cannot remove a restore's images dir");
+            }
+        }
+    }
 }
 
 /// A fresh network namespace for a restore, locked ([`super::net_lock`]) until CRIU is done;

@@ -8,9 +8,14 @@ use std::path::{Component, Path};
 use belayer_ipc::CheckpointTimings;
 use serde::{Deserialize, Serialize};
 
-/// Manifest format version (2: F_k is a layer manifest `upper.layer` plus blobs in the
-/// node's blob store; 1 held an `upper.tar`).
-pub const FORMAT_VERSION: u32 = 2;
+/// Manifest format version written (3: R_k's pages files are page maps over page packs in
+/// the node's blob store, [`super::pages`]; 2: F_k is a layer manifest `upper.layer` plus
+/// blobs in the blob store, R_k's files as CRIU wrote them; 1 held an `upper.tar`).
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The oldest manifest format version a reader accepts (2: it has no [`Manifest::memory`]
+/// and its pages files are plain artifacts, restored as they are).
+pub const OLDEST_FORMAT_VERSION: u32 = 2;
 
 /// Name of the layer-manifest artifact (F_k) in a checkpoint directory.
 pub const UPPER_LAYER: &str = "upper.layer";
@@ -74,8 +79,14 @@ pub struct Manifest {
     pub upper: Artifact,
     /// What the capture of F_k read and stored.
     pub layer: LayerSummary,
-    /// R_k: the CRIU image files.
+    /// R_k: the CRIU image files (with format 3, page maps `pages-<n>.pmap` in place of the
+    /// pages files).
     pub criu: Vec<Artifact>,
+    /// R_k's content-addressed memory pages ([`super::pages`]): the packs the page maps
+    /// refer to and what this checkpoint stored anew. Absent in format 2 manifests and when
+    /// no pages file was split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<super::pages::MemoryImages>,
     /// Processes of the sandbox when it was frozen, `"<pid in the sandbox> <comm>"`, sorted.
     #[serde(default)]
     pub processes: Vec<String>,
@@ -173,6 +184,7 @@ impl Manifest {
             upper,
             layer: LayerSummary::default(),
             criu: vec![],
+            memory: None,
             processes: vec![],
             ns_last_pid: None,
             own_netns: false,
@@ -193,9 +205,25 @@ impl Manifest {
             .chain(self.criu.iter())
     }
 
-    /// Bytes this checkpoint added to disk: its artifacts plus its new blobs.
+    /// Bytes this checkpoint added to disk: its artifacts plus its new blobs and new page
+    /// packs.
     pub fn bytes(&self) -> u64 {
-        self.artifacts().map(|a| a.bytes).sum::<u64>() + self.layer.new_blob_bytes
+        self.artifacts().map(|a| a.bytes).sum::<u64>()
+            + self.layer.new_blob_bytes
+            + self.memory.as_ref().map_or(0, |m| m.new_bytes)
+    }
+
+    /// Bytes of R_k as CRIU reads them at restore: its files, with the pages files the page
+    /// maps describe in place of the maps.
+    pub fn criu_bytes(&self) -> u64 {
+        let maps: u64 = self
+            .criu
+            .iter()
+            .filter(|a| a.path.ends_with(super::pages::MAP_SUFFIX))
+            .map(|a| a.bytes)
+            .sum();
+        self.criu.iter().map(|a| a.bytes).sum::<u64>() - maps
+            + self.memory.as_ref().map_or(0, |m| m.bytes())
     }
 
     /// The wire description of this checkpoint (what `ListCheckpoints` and `Checkpoint`

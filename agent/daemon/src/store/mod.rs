@@ -18,6 +18,7 @@
 
 pub mod copy;
 pub mod manifest;
+pub mod pages;
 pub mod pointer;
 pub mod snapshot;
 
@@ -25,7 +26,10 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-pub use manifest::{Artifact, ContextRecord, LayerSummary, Manifest, FORMAT_VERSION, UPPER_LAYER};
+pub use manifest::{
+    Artifact, ContextRecord, LayerSummary, Manifest, FORMAT_VERSION, OLDEST_FORMAT_VERSION,
+    UPPER_LAYER,
+};
 
 use crate::sys;
 
@@ -457,10 +461,13 @@ impl CheckpointStore {
             checkpoint: name.to_string(),
             reason: e.to_string(),
         })?;
-        if m.format != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&m.format) {
             return Err(StoreError::BadManifest {
                 checkpoint: name.to_string(),
-                reason: format!("format version {} (supported: {FORMAT_VERSION})", m.format),
+                reason: format!(
+                    "format version {} (supported: {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION})",
+                    m.format
+                ),
             });
         }
         if m.checkpoint != name {

@@ -112,6 +112,16 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+    /// R_k's memory pages could not be content-addressed (a page pack could not be written:
+    /// a full disk among the causes): not published.
+    #[error("cannot store the memory pages of sandbox {id}")]
+    Pages {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: crate::store::pages::PageError,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

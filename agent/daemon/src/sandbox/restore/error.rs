@@ -30,6 +30,16 @@ pub enum RestoreError {
         #[source]
         source: belayer_overlay::layer::BlobError,
     },
+    /// R_k's pages files could not be rebuilt from their page packs (a missing pack, a page
+    /// map that does not decode or names an unlisted pack, a full disk); nothing was touched.
+    #[error("the memory images of the checkpoint of sandbox {id} cannot be assembled")]
+    Pages {
+        /// Sandbox id.
+        id: String,
+        /// Cause.
+        #[source]
+        source: crate::store::pages::PageError,
+    },
     /// The sandbox has no ready checkpoint of the requested boundary on its ready line;
     /// nothing was touched.
     #[error("sandbox {id} has no ready checkpoint of prefix {prefix}")]
@@ -178,6 +188,8 @@ pub enum RestoreError {
     },
 }
 
+use crate::store::pages::PageError;
+
 impl RestoreError {
     /// Protocol error code.
     pub fn code(&self) -> ErrorCode {
@@ -189,6 +201,9 @@ impl RestoreError {
                 source: belayer_overlay::InstallError::Blob { .. },
                 ..
             } => ErrorCode::CorruptCheckpoint,
+            RestoreError::Pages { source, .. } if !matches!(source, PageError::Io { .. }) => {
+                ErrorCode::CorruptCheckpoint
+            }
             // Images that fail the path check fail it on every try: the checkpoint is unusable.
             RestoreError::UnsafeImages { source, .. } if source.is_image_fault() => {
                 ErrorCode::CorruptCheckpoint

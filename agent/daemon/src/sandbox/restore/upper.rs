@@ -227,12 +227,14 @@ pub(super) fn apply_limit(
 
 /// Verifies every artifact of checkpoint `m` (size and blake3) and, given the blob store the
 /// restore reads F_k from (`None` for a restore from the upper snapshot, which reads no blob),
-/// every blob its layer refers to (its content hashes to its name).
+/// every blob its layer refers to (its content hashes to its name); and every page pack of
+/// its memory images in `packs` (the node's blob store).
 pub(super) fn verify_checkpoint(
     store: &CheckpointStore,
     m: &Manifest,
     layer: &LayerManifest,
     blobs: Option<&belayer_overlay::layer::BlobStore>,
+    packs: &belayer_overlay::layer::BlobStore,
     id: &str,
 ) -> Result<(), RestoreError> {
     store
@@ -241,6 +243,14 @@ pub(super) fn verify_checkpoint(
             id: id.to_string(),
             source,
         })?;
+    for pack in m.memory.iter().flat_map(|mem| mem.pack_ids()) {
+        packs
+            .verify(&pack)
+            .map_err(|source| RestoreError::CorruptBlob {
+                id: id.to_string(),
+                source,
+            })?;
+    }
     let Some(blobs) = blobs else {
         return Ok(());
     };

@@ -1,0 +1,148 @@
+//! The restore side: the images dir CRIU reads, with R_k's pages files rebuilt from the
+//! page packs (see [`super`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{self, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+
+use belayer_overlay::layer::{BlobId, BlobStore, PackRange};
+
+use super::format::PageMap;
+use super::{io, system_page_size, PageError, MAP_SUFFIX};
+use crate::store::Manifest;
+
+/// What [`assemble`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AssembleStats {
+    /// Pages files rebuilt.
+    pub files: u64,
+    /// Runs of consecutive pages copied (`copy_file_range` calls, at least).
+    pub runs: u64,
+    /// Bytes of the pages files.
+    pub bytes: u64,
+}
+
+/// Makes `dest` (removed first if it exists, then created mode 0755) the images dir of
+/// checkpoint `m`, whose files are in `criu_dir`: every artifact of R_k hard-linked (copied
+/// across file systems) except the page maps, and for each page map `pages-<n>.pmap` the
+/// pages file `pages-<n>.img` it describes (mode 0644: CRIU reads pages as the restored
+/// tasks' user namespace root too, which a pack, mode 0400, would refuse), copied out of the
+/// packs in `blobs` by the kernel (shared extents on btrfs). The manifest's pack
+/// list must name every pack a map refers to. Nothing is hashed here: the restore's
+/// verifier checks the maps (artifact digests) and the packs (hashed against their ids)
+/// before CRIU runs.
+///
+/// Errors: [`PageError::Map`], [`PageError::PageSize`], [`PageError::UnlistedPack`],
+/// [`PageError::Blob`] (a missing pack, a page beyond its pack's end), [`PageError::Io`].
+pub fn assemble(
+    m: &Manifest,
+    criu_dir: &Path,
+    blobs: &BlobStore,
+    dest: &Path,
+) -> Result<AssembleStats, PageError> {
+    match belayer_overlay::remove_dir_all(dest) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("remove", dest)(e)),
+    }
+    // Readable like the checkpoint's own `criu/` (CRIU opens some images after dropping to
+    // the restored tasks' credentials); the sandbox dir above keeps others out.
+    fs::DirBuilder::new()
+        .mode(0o755)
+        .create(dest)
+        .map_err(io("mkdir", dest))?;
+    let listed: HashSet<BlobId> = m
+        .memory
+        .as_ref()
+        .map(|mem| mem.pack_ids().collect())
+        .unwrap_or_default();
+    let mut stats = AssembleStats::default();
+    for a in &m.criu {
+        let Some(name) = a.path.strip_prefix("criu/").filter(|n| !n.contains('/')) else {
+            continue;
+        };
+        let src = criu_dir.join(name);
+        match name.strip_suffix(MAP_SUFFIX) {
+            Some(stem) => {
+                let bytes = fs::read(&src).map_err(io("read", &src))?;
+                let map = PageMap::decode(&bytes).map_err(|source| PageError::Map {
+                    path: src.clone(),
+                    source,
+                })?;
+                let system = system_page_size();
+                if map.page_size != system {
+                    return Err(PageError::PageSize {
+                        path: src,
+                        found: map.page_size,
+                        system,
+                    });
+                }
+                if let Some(p) = map.packs.iter().find(|p| !listed.contains(p)) {
+                    return Err(PageError::UnlistedPack {
+                        path: src,
+                        pack: p.to_hex(),
+                    });
+                }
+                let out = dest.join(format!("{stem}.img"));
+                rebuild(&map, blobs, &out, &mut stats)?;
+            }
+            None => link_or_copy(&src, &dest.join(name))?,
+        }
+    }
+    Ok(stats)
+}
+
+fn rebuild(
+    map: &PageMap,
+    blobs: &BlobStore,
+    out: &Path,
+    stats: &mut AssembleStats,
+) -> Result<(), PageError> {
+    stats.files += 1;
+    stats.bytes += map.file_bytes();
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(out)
+        .map_err(io("create", out))?;
+    file.set_len(map.file_bytes())
+        .map_err(io("truncate", out))?;
+    let ps = u64::from(map.page_size);
+    // Runs of pages consecutive in both the file and one pack, grouped by pack.
+    let mut runs: BTreeMap<u32, Vec<PackRange>> = BTreeMap::new();
+    let mut last: Option<(u32, u64, u64)> = None;
+    for (i, p) in map.pages.iter().enumerate() {
+        let (src, dst) = (u64::from(p.page) * ps, i as u64 * ps);
+        if let Some((pack, s, d)) = last {
+            if pack == p.pack && s == src && d == dst {
+                if let Some(r) = runs.get_mut(&pack).and_then(|v| v.last_mut()) {
+                    r.len += ps;
+                }
+                last = Some((pack, src + ps, dst + ps));
+                continue;
+            }
+        }
+        runs.entry(p.pack)
+            .or_default()
+            .push(PackRange { src, dst, len: ps });
+        last = Some((p.pack, src + ps, dst + ps));
+    }
+    for (pack, ranges) in runs {
+        stats.runs += ranges.len() as u64;
+        blobs.copy_out(&map.packs[pack as usize], &ranges, file.as_fd())?;
+    }
+    Ok(())
+}
+
+fn link_or_copy(src: &Path, dst: &Path) -> Result<(), PageError> {
+    match fs::hard_link(src, dst) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            fs::copy(src, dst).map(|_| ()).map_err(io("copy", dst))
+        }
+        Err(e) => Err(io("link", dst)(e)),
+    }
+}
