@@ -57,7 +57,7 @@ fn id_shift(
 
 /// Links `src` at `dst`, or copies it where a link cannot be made (another file system, a
 /// quota boundary); the copy is fsync'd.
-fn link_or_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
+pub(crate) fn link_or_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
     match fs::hard_link(src, dst) {
         Ok(()) => Ok(()),
         Err(e)

@@ -188,8 +188,6 @@ pub enum RestoreError {
     },
 }
 
-use crate::store::pages::PageError;
-
 impl RestoreError {
     /// Protocol error code.
     pub fn code(&self) -> ErrorCode {
@@ -201,7 +199,9 @@ impl RestoreError {
                 source: belayer_overlay::InstallError::Blob { .. },
                 ..
             } => ErrorCode::CorruptCheckpoint,
-            RestoreError::Pages { source, .. } if !matches!(source, PageError::Io { .. }) => {
+            RestoreError::Pages { source, .. }
+                if !matches!(source, crate::store::pages::PageError::Io { .. }) =>
+            {
                 ErrorCode::CorruptCheckpoint
             }
             // Images that fail the path check fail it on every try: the checkpoint is unusable.

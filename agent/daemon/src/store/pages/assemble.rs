@@ -88,7 +88,10 @@ pub fn assemble(
                 let out = dest.join(format!("{stem}.img"));
                 rebuild(&map, blobs, &out, &mut stats)?;
             }
-            None => link_or_copy(&src, &dest.join(name))?,
+            None => {
+                let to = dest.join(name);
+                crate::store::copy::link_or_copy(&src, &to).map_err(io("link", &to))?
+            }
         }
     }
     Ok(stats)
@@ -135,14 +138,4 @@ fn rebuild(
         blobs.copy_out(&map.packs[pack as usize], &ranges, file.as_fd())?;
     }
     Ok(())
-}
-
-fn link_or_copy(src: &Path, dst: &Path) -> Result<(), PageError> {
-    match fs::hard_link(src, dst) {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            fs::copy(src, dst).map(|_| ()).map_err(io("copy", dst))
-        }
-        Err(e) => Err(io("link", dst)(e)),
-    }
 }
