@@ -90,6 +90,35 @@ pub struct Workload {
     pub setup: Vec<String>,
     /// Longest time the setup may take, seconds.
     pub setup_timeout_s: u64,
+    /// A shell command that dirties 1% of the workload's memory and returns once it is done
+    /// (Belayer's second-checkpoint column); `None`: the workload's own changes only.
+    pub dirty: Option<String>,
+}
+
+/// A python3 program that holds `argv[1]` MiB, filled with random bytes (`argv[2]` =
+/// `random`) or touched once per page (`touch`), imports the modules `argv[4..]`, writes its
+/// pid to `/tmp/.py-pid` and then `/tmp/.py-ready`; on SIGUSR1 it writes 8 random bytes into
+/// every `argv[3]`-th page of its buffer and then `/tmp/.dirtied`.
+const HOLDER: &str = r#"import os, signal, sys, time
+mb, fill, stride = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+for m in sys.argv[4:]:
+    __import__(m)
+b = bytearray(os.urandom(mb << 20)) if fill == "random" else bytearray(mb << 20)
+if fill != "random":
+    b[::4096] = b"x" * len(b[::4096])
+def dirty(*_):
+    for i in range(0, len(b), 4096 * stride):
+        b[i:i + 8] = os.urandom(8)
+    open("/tmp/.dirtied", "w").close()
+signal.signal(signal.SIGUSR1, dirty)
+open("/tmp/.py-pid", "w").write(str(os.getpid()))
+open("/tmp/.py-ready", "w").close()
+time.sleep(1e9)
+"#;
+
+/// The shell command that writes [`HOLDER`] to `/root/hold.py`.
+fn write_holder() -> String {
+    format!("mkdir -p /root && cat > /root/hold.py <<'EOF'\n{HOLDER}EOF")
 }
 
 /// Medians of one system on one workload, milliseconds.
@@ -144,6 +173,9 @@ pub struct WorkloadRow {
     pub runc_skipped: Option<String>,
     /// Belayer's fork ×N of the workload (null with `--fork-count 0`).
     pub fork: Option<crate::fork::ForkMedians>,
+    /// Belayer's bytes of a checkpoint after 1% of the memory was dirtied, against the
+    /// sandbox's first checkpoint.
+    pub second: crate::checkpoint::SecondCheckpoint,
 }
 
 /// `num / den`, or `None` when `den` is not positive.
@@ -187,6 +219,7 @@ pub fn workloads(args: &CaptureArgs) -> Vec<Workload> {
                     .into(),
             ],
             setup_timeout_s: 60,
+            dirty: None,
         },
         Workload {
             name: "python-venv".into(),
@@ -206,14 +239,18 @@ pub fn workloads(args: &CaptureArgs) -> Vec<Workload> {
                     "head -c {}M /dev/urandom > /root/data.bin",
                     args.python_data_mb
                 ),
-                "/root/venv/bin/python3 -c 'import time, benchpkg_asyncio, benchpkg_email.message, \
-                 benchpkg_json, benchpkg_http.client, benchpkg_xml.dom.minidom, benchpkg_unittest, \
-                 benchpkg_logging.handlers, benchpkg_concurrent.futures, benchpkg_urllib.request; \
-                 open(\"/tmp/.py-ready\", \"w\").close(); time.sleep(1e9)' >/dev/null 2>&1 &"
+                write_holder(),
+                // The packages imported, and 20 MiB of random bytes: ≈50 MB resident.
+                "/root/venv/bin/python3 /root/hold.py 20 random 40 benchpkg_asyncio \
+                 benchpkg_email.message benchpkg_json benchpkg_http.client \
+                 benchpkg_xml.dom.minidom benchpkg_unittest benchpkg_logging.handlers \
+                 benchpkg_concurrent.futures benchpkg_urllib.request >/dev/null 2>&1 &"
                     .into(),
                 wait_for("/tmp/.py-ready"),
             ],
             setup_timeout_s: 300,
+            // Every 40th page of the 20 MiB: 128 pages, 1% of ≈50 MB.
+            dirty: Some(dirty_cmd(&wait_for("/tmp/.dirtied"))),
         },
     ];
     if !args.skip_large {
@@ -228,26 +265,29 @@ pub fn workloads(args: &CaptureArgs) -> Vec<Workload> {
             i += 1;
         }
         list.push(Workload {
-            name: format!(
-                "large-{}MB-{}MB",
-                args.large_upper_mb, args.large_rss_mb
-            ),
+            name: format!("large-{}MB-{}MB", args.large_upper_mb, args.large_rss_mb),
             image: "bench-python",
             rootfs: args.python_rootfs.clone(),
             setup: vec![
                 files,
+                write_holder(),
                 format!(
-                    "python3 -c 'import time; b = bytearray({} << 20); \
-                     b[::4096] = b\"x\" * len(b[::4096]); open(\"/tmp/.rss-ready\", \"w\").close(); \
-                     time.sleep(1e9)' >/dev/null 2>&1 &",
+                    "python3 /root/hold.py {} touch 100 >/dev/null 2>&1 &",
                     args.large_rss_mb
                 ),
-                wait_for("/tmp/.rss-ready"),
+                wait_for("/tmp/.py-ready"),
             ],
             setup_timeout_s: 900,
+            // Every 100th page: 1%.
+            dirty: Some(dirty_cmd(&wait_for("/tmp/.dirtied"))),
         });
     }
     list
+}
+
+/// Signals the [`HOLDER`] to dirty its pages, then waits (`wait`) for it to be done.
+fn dirty_cmd(wait: &str) -> String {
+    format!("rm -f /tmp/.dirtied && kill -USR1 \"$(cat /tmp/.py-pid)\" && {wait}")
 }
 
 /// The CRIU binary: `--criu`, else `criu` on PATH, else [`FALLBACK_CRIU`].
@@ -292,6 +332,7 @@ pub fn run(socket: &Path, args: &CaptureArgs, json: bool) -> Result<i32> {
             &w.setup,
             args.runs,
             args.fork_count,
+            w.dirty.as_deref(),
         )
         .with_context(|| format!("belayer on {}", w.name))?;
         let belayer = Medians {
@@ -320,6 +361,7 @@ pub fn run(socket: &Path, args: &CaptureArgs, json: bool) -> Result<i32> {
             runc,
             runc_skipped,
             fork: b.fork,
+            second: b.second,
         });
     }
     let inc = incremental(args)?;
@@ -386,6 +428,18 @@ fn print_table(rows: &[WorkloadRow], inc: &serde_json::Value, runs: usize) {
         line(&r.name, "belayer", Some(b), false);
         line("", "tar_criu", Some(r.tar_criu), true);
         line("", "runc", r.runc, true);
+        println!(
+            "{:<22} 2nd checkpoint{}: {} bytes = {:.1}% of the 1st ({} bytes)",
+            "",
+            if r.second.dirtied {
+                " after 1% memory dirtied"
+            } else {
+                ""
+            },
+            r.second.second_bytes,
+            r.second.percent,
+            r.second.first_bytes
+        );
         if let Some(f) = r.fork {
             println!(
                 "{:<22} fork x{}: all running in {:.1} ms (client {:.1} ms; each child's restore {:.1} ms)",
@@ -449,6 +503,12 @@ mod tests {
                     wall_ms: 101.0,
                     child_restore_ms: 50.0,
                 }),
+                second: crate::checkpoint::SecondCheckpoint {
+                    first_bytes: 1000,
+                    second_bytes: 20,
+                    percent: 2.0,
+                    dirtied: true,
+                },
             },
             WorkloadRow {
                 name: "w2".into(),
@@ -457,6 +517,12 @@ mod tests {
                 runc: None,
                 runc_skipped: Some("runc not found".into()),
                 fork: None,
+                second: crate::checkpoint::SecondCheckpoint {
+                    first_bytes: 1000,
+                    second_bytes: 10,
+                    percent: 1.0,
+                    dirtied: false,
+                },
             },
         ];
         let v = report_json(&rows, &serde_json::Value::Null);
@@ -469,7 +535,11 @@ mod tests {
         assert!(v["incremental"].is_null());
         let w = &v["workloads"];
         assert_eq!(w.as_array().unwrap().len(), 2);
-        assert_eq!(keys(&w[0]), ["belayer", "fork", "name", "runc", "tar_criu"]);
+        assert_eq!(
+            keys(&w[0]),
+            ["belayer", "fork", "name", "runc", "second", "tar_criu"]
+        );
+        assert_eq!(w[0]["second"]["percent"], 2.0);
         assert_eq!(w[0]["fork"]["total_ms"], 100.0);
         assert!(w[1]["fork"].is_null());
         for sys in ["belayer", "tar_criu", "runc"] {

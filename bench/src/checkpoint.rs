@@ -64,6 +64,24 @@ pub struct WorkloadResult {
     /// Forks of the sandbox after the cycles (absent when not asked for).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fork: Option<crate::fork::ForkMedians>,
+    /// The checkpoint after the cycles (and after the workload dirtied 1% of its memory,
+    /// where it can) against the first.
+    pub second: SecondCheckpoint,
+}
+
+/// Bytes a checkpoint adds to the node (`CheckpointInfo::bytes`: new blobs, new page packs,
+/// the other images) when taken after 1% of the memory was dirtied, against the sandbox's
+/// first checkpoint (the goal: ≤ 5%).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SecondCheckpoint {
+    /// Bytes of the sandbox's first checkpoint.
+    pub first_bytes: u64,
+    /// Bytes of the checkpoint taken after the dirtying (its parent: the last restored one).
+    pub second_bytes: u64,
+    /// `second_bytes` as a percentage of `first_bytes`.
+    pub percent: f64,
+    /// Whether the workload dirtied its memory on purpose (else: its own changes only).
+    pub dirtied: bool,
 }
 
 pub(crate) fn ensure_image(c: &mut Client, name: &str, rootfs: &Path) -> Result<()> {
@@ -110,6 +128,7 @@ pub(crate) fn workload(
     setup: &[String],
     runs: usize,
     fork_count: u32,
+    dirty: Option<&str>,
 ) -> Result<WorkloadResult> {
     let id = match call(
         c,
@@ -183,6 +202,30 @@ pub(crate) fn workload(
             install.push(r.timings_ms.fs_install);
             kept += usize::from(r.inodes_kept);
         }
+        if let Some(cmd) = dirty {
+            exec(c, &id, cmd)?;
+        }
+        let req = CheckpointRequest {
+            id: id.clone(),
+            prefix: runs as u64 + 1,
+            context: b"after dirtying".to_vec(),
+            fault: None,
+        };
+        let second_bytes = match call(c, Request::Checkpoint(req))? {
+            Response::Checkpoint(i) => i.bytes,
+            r => bail!("unexpected answer {r:?}"),
+        };
+        let first_bytes = bytes.first().copied().unwrap_or(0.0) as u64;
+        let second = SecondCheckpoint {
+            first_bytes,
+            second_bytes,
+            percent: if first_bytes > 0 {
+                second_bytes as f64 * 100.0 / first_bytes as f64
+            } else {
+                0.0
+            },
+            dirtied: dirty.is_some(),
+        };
         let fork = (fork_count > 0)
             .then(|| crate::fork::fork_cycles(c, &id, fork_count, runs))
             .transpose()?;
@@ -201,6 +244,7 @@ pub(crate) fn workload(
             inodes_kept: kept,
             bytes: median(&mut bytes) as u64,
             fork,
+            second,
         })
     })();
     let _ = call(c, Request::RemoveSandbox { id });
@@ -232,6 +276,7 @@ pub fn run(socket: &Path, args: CheckpointBenchArgs, json: bool) -> Result<i32> 
         ],
         runs,
         0,
+        None,
     )?);
     results.push(workload(
         &mut c,
@@ -247,6 +292,7 @@ pub fn run(socket: &Path, args: CheckpointBenchArgs, json: bool) -> Result<i32> 
         ],
         runs,
         0,
+        None,
     )?);
     if json {
         println!(

@@ -64,13 +64,15 @@ pub(crate) fn make_fifo(path: &Path) -> io::Result<()> {
 }
 
 /// The `pre-dump` action script: report ready through `ready`, wait for the answer in `go`.
-/// Both fifo operations are bounded: a CRIU whose caller died gives up by itself.
+/// Both fifo operations are bounded, together, by one `timeout` (its shell uses builtins only, so
+/// a stage costs three program starts): a CRIU whose caller died gives up by itself. The
+/// `timeout` stays in CRIU's process group (`--foreground`), so a CRIU killed with its group
+/// takes it along.
 fn gate_script(ready: &Path, go: &Path) -> String {
     format!(
         "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
-         timeout {wait} sh -c 'echo ready > \"$1\"' gate {ready} || exit 1\n\
-         answer=$(timeout {wait} cat {go}) || exit 1\n\
-         [ \"$answer\" = go ]\n",
+         exec timeout --foreground {wait} sh -c 'echo ready > \"$1\" && read -r answer < \"$2\"; \
+         [ \"$answer\" = go ]' gate {ready} {go}\n",
         wait = ORPHAN_TIMEOUT.as_secs(),
         ready = quote(ready),
         go = quote(go),

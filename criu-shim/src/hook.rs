@@ -18,8 +18,10 @@
 //!
 //! The script and its fifos (`hook-ready`, `hook-go`) live in the restore's work dir; the
 //! script reports `<stage> <root pid>` and waits for the answer. An answer other than `go`
-//! fails the script. A CRIU killed at its time limit takes the script with it (they share
-//! CRIU's process group).
+//! fails the script. A CRIU killed at its time limit takes the script with it: they share
+//! CRIU's process group (`timeout --foreground`: a plain `timeout` moves itself into a group
+//! of its own, and would outlive the kill for its whole bound, then stay a zombie nobody
+//! reaps).
 
 use std::fs::OpenOptions;
 use std::io::{self, Read};
@@ -96,10 +98,9 @@ fn hook_script(stages: &[RestoreStage], ready: &Path, go: &Path) -> String {
     let held: Vec<&str> = stages.iter().map(|s| s.action()).collect();
     format!(
         "#!/bin/sh\ncase \"$CRTOOLS_SCRIPT_ACTION\" in\n{held}) ;;\n*) exit 0 ;;\nesac\n\
-         timeout {wait} sh -c 'echo \"$2 $CRTOOLS_INIT_PID\" > \"$1\"' hook {ready} \
-         \"$CRTOOLS_SCRIPT_ACTION\" || exit 1\n\
-         answer=$(timeout {wait} cat {go}) || exit 1\n\
-         [ \"$answer\" = go ]\n",
+         exec timeout --foreground {wait} sh -c 'echo \"$2 $CRTOOLS_INIT_PID\" > \"$1\" && \
+         read -r answer < \"$3\"; [ \"$answer\" = go ]' hook {ready} \
+         \"$CRTOOLS_SCRIPT_ACTION\" {go}\n",
         held = held.join("|"),
         wait = ORPHAN_TIMEOUT.as_secs(),
         ready = quote(ready),
@@ -308,6 +309,72 @@ mod tests {
                 "an abort fails the script"
             );
         }
+    }
+
+    #[test]
+    fn a_held_script_dies_with_criu_s_process_group() {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (ready, go) = (dir.path().join("hook-ready"), dir.path().join("hook-go"));
+        make_fifo(&ready).unwrap();
+        make_fifo(&go).unwrap();
+        let script = dir.path().join("hook.sh");
+        std::fs::write(
+            &script,
+            hook_script(&[RestoreStage::PreResume], &ready, &go),
+        )
+        .unwrap();
+        // The script as the child of a group's leader, as under CRIU; held at its stage.
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("sh '{}'; true", script.display()))
+            .env("CRTOOLS_SCRIPT_ACTION", "pre-resume")
+            .env("CRTOOLS_INIT_PID", "4242")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id() as i32;
+        let mut text = String::new();
+        std::fs::File::open(&ready)
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        assert_eq!(text, "pre-resume 4242\n");
+        // What killing CRIU at its time limit does: the whole group goes.
+        nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pgid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let left = live_naming(&ready.display().to_string());
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "left after the kill of the group: {left:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Live (not zombie) processes whose command line names `needle` (the held script's
+    /// `timeout` and shell name its fifos), in whatever group they are.
+    fn live_naming(needle: &str) -> Vec<String> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+                let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+                let state = stat.rsplit_once(") ")?.1.split_whitespace().next()?;
+                let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+                (text.contains(needle) && state != "Z").then_some(text)
+            })
+            .collect()
     }
 
     #[test]

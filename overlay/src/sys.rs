@@ -144,51 +144,96 @@ pub(crate) fn set_xattr_path(path: &Path, name: &[u8], value: &[u8]) -> Result<(
 /// ends first.
 pub(crate) fn copy_range(
     src: BorrowedFd<'_>,
-    mut src_off: u64,
+    src_off: u64,
     dst: BorrowedFd<'_>,
-    mut dst_off: u64,
+    dst_off: u64,
     len: u64,
 ) -> Result<u64, SyscallError> {
-    const CHUNK: u64 = 1 << 30;
-    let mut done = 0u64;
-    while done < len {
-        let want = usize::try_from((len - done).min(CHUNK)).unwrap_or(usize::MAX);
-        match rustix::fs::copy_file_range(src, Some(&mut src_off), dst, Some(&mut dst_off), want) {
-            Ok(0) => return Ok(done),
-            Ok(n) => done += n as u64,
-            Err(Errno::INTR) => continue,
-            Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                return Ok(done + copy_range_rw(src, src_off, dst, dst_off, len - done)?);
-            }
-            Err(errno) => return Err(SyscallError::new("copy_file_range", errno)),
-        }
-    }
-    Ok(done)
+    RangeCopier::new(0).copy(src, src_off, dst, dst_off, len)
 }
 
-fn copy_range_rw(
-    src: BorrowedFd<'_>,
-    mut src_off: u64,
-    dst: BorrowedFd<'_>,
-    mut dst_off: u64,
-    len: u64,
-) -> Result<u64, SyscallError> {
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0u64;
-    while done < len {
-        let want = usize::try_from((len - done).min(buf.len() as u64)).unwrap_or(buf.len());
-        let n = match rustix::io::pread(src, &mut buf[..want], src_off) {
-            Ok(0) => return Ok(done),
-            Ok(n) => n,
-            Err(Errno::INTR) => continue,
-            Err(errno) => return Err(SyscallError::new("pread", errno)),
-        };
-        write_all_at(dst, &buf[..n], dst_off)?;
-        src_off += n as u64;
-        dst_off += n as u64;
-        done += n as u64;
+/// Copies many ranges between the same two files: `copy_file_range` for ranges of at least
+/// `kernel_min` bytes until the kernel refuses the pair (then never again), `pread`/`pwrite`
+/// through one buffer, allocated once, for the others. Many small ranges cost a syscall pair
+/// each, not an extent-sharing call (slower than copying 4 KiB) or an allocation.
+pub(crate) struct RangeCopier {
+    kernel: bool,
+    kernel_min: u64,
+    buf: Vec<u8>,
+}
+
+impl RangeCopier {
+    /// A copier that hands ranges of `kernel_min` bytes or more to the kernel.
+    pub(crate) fn new(kernel_min: u64) -> RangeCopier {
+        RangeCopier {
+            kernel: true,
+            kernel_min,
+            buf: Vec::new(),
+        }
     }
-    Ok(done)
+
+    /// Copies up to `len` bytes from `src` at `src_off` to `dst` at `dst_off`; returns the
+    /// bytes copied, less than `len` only when `src` ends first. Neither file offset moves.
+    pub(crate) fn copy(
+        &mut self,
+        src: BorrowedFd<'_>,
+        mut src_off: u64,
+        dst: BorrowedFd<'_>,
+        mut dst_off: u64,
+        len: u64,
+    ) -> Result<u64, SyscallError> {
+        const CHUNK: u64 = 1 << 30;
+        let mut done = 0u64;
+        while self.kernel && len >= self.kernel_min && done < len {
+            let want = usize::try_from((len - done).min(CHUNK)).unwrap_or(usize::MAX);
+            match rustix::fs::copy_file_range(
+                src,
+                Some(&mut src_off),
+                dst,
+                Some(&mut dst_off),
+                want,
+            ) {
+                Ok(0) => return Ok(done),
+                Ok(n) => done += n as u64,
+                Err(Errno::INTR) => continue,
+                Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                    self.kernel = false;
+                }
+                Err(errno) => return Err(SyscallError::new("copy_file_range", errno)),
+            }
+        }
+        Ok(done + self.copy_rw(src, src_off, dst, dst_off, len - done)?)
+    }
+
+    fn copy_rw(
+        &mut self,
+        src: BorrowedFd<'_>,
+        mut src_off: u64,
+        dst: BorrowedFd<'_>,
+        mut dst_off: u64,
+        len: u64,
+    ) -> Result<u64, SyscallError> {
+        const BUF: u64 = 1 << 20;
+        if len > 0 && self.buf.is_empty() {
+            self.buf = vec![0u8; BUF as usize];
+        }
+        let buf = &mut self.buf;
+        let mut done = 0u64;
+        while done < len {
+            let want = usize::try_from((len - done).min(BUF)).unwrap_or(buf.len());
+            let n = match rustix::io::pread(src, &mut buf[..want], src_off) {
+                Ok(0) => return Ok(done),
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(errno) => return Err(SyscallError::new("pread", errno)),
+            };
+            write_all_at(dst, &buf[..n], dst_off)?;
+            src_off += n as u64;
+            dst_off += n as u64;
+            done += n as u64;
+        }
+        Ok(done)
+    }
 }
 
 /// Reads from `src` at `offset` until `buf` is full or the file ends; returns the bytes read.
@@ -283,11 +328,20 @@ mod tests {
         let dst = File::create(dir.path().join("dst")).unwrap();
         let copied = copy_range(src.as_fd(), 6, dst.as_fd(), 3, 100).unwrap();
         assert_eq!(copied, 5);
-        let copied = copy_range_rw(src.as_fd(), 0, dst.as_fd(), 8, 5).unwrap();
+        // Below the kernel threshold: read and written through the copier's one buffer,
+        // which serves every later range.
+        let mut copier = RangeCopier::new(1 << 20);
+        let copied = copier.copy(src.as_fd(), 0, dst.as_fd(), 8, 5).unwrap();
         assert_eq!(copied, 5);
         assert_eq!(
             std::fs::read(dir.path().join("dst")).unwrap(),
             b"\0\0\0worldhello"
+        );
+        let copied = copier.copy(src.as_fd(), 0, dst.as_fd(), 0, 3).unwrap();
+        assert_eq!(copied, 3);
+        assert_eq!(
+            std::fs::read(dir.path().join("dst")).unwrap(),
+            b"helworldhello"
         );
     }
 

@@ -47,6 +47,9 @@ while True:
     let tree_k3 = tree_digest(&root, EXCLUDE).unwrap();
     let pids_k3 = d.inspect(id).pids.len();
     let context = b"L_3: [system, user, assistant(tool_call 1..3), tool(obs 1..3)]";
+    // The counter frozen into C_3 lies between these two readings (the second comes after
+    // the work that follows the thaw, which the counter keeps ticking through).
+    let counter_before = counter(&d, id);
     let ckpt = d.checkpoint(id, 3, context);
     let counter_k3 = counter(&d, id);
     assert_eq!(ckpt.prefix, 3);
@@ -112,8 +115,9 @@ while True:
     let c1 = counter(&d, id);
     let since_restore = (restore_started.elapsed().as_secs_f64() / 0.05).ceil() as u64;
     assert!(
-        c1 + 2 >= counter_k3 && c1 <= counter_k3 + since_restore + 2,
-        "counter {c1}: k3 {counter_k3}, late {counter_late}, {since_restore} ticks since restore"
+        c1 + 2 >= counter_before && c1 <= counter_k3 + since_restore + 2,
+        "counter {c1}: k3 between {counter_before} and {counter_k3}, late {counter_late}, \
+         {since_restore} ticks since restore"
     );
     std::thread::sleep(Duration::from_millis(300));
     let c2 = counter(&d, id);

@@ -203,9 +203,7 @@ fn a_restore_past_its_time_limit_is_killed_and_the_checkpoint_stays_restorable()
         info.pids
     );
     assert_eq!(info.ready_prefix, Some(1), "the ready checkpoint must stay");
-    wait_until("no zombie child of belayerd", || {
-        d.zombie_children().is_empty()
-    });
+    wait_no_zombies(&d);
     d.assert_alive("after a timed-out restore");
     d.kill();
     d.set_config("");
@@ -259,9 +257,7 @@ fn removal_never_races_the_failure_watcher() {
         .map(|e| e.file_name())
         .collect();
     assert!(left.is_empty(), "left in sandboxes/: {left:?}");
-    wait_until("no zombie child of belayerd", || {
-        d.zombie_children().is_empty()
-    });
+    wait_no_zombies(&d);
 }
 
 /// Bug 3: belayerd leaked zombies (the inits of removed and replaced instances). After
@@ -279,9 +275,7 @@ fn replaced_and_removed_instances_leave_no_zombie() {
         d.restore(&id);
         d.call(Request::RemoveSandbox { id });
     }
-    wait_until("no zombie child of belayerd", || {
-        d.zombie_children().is_empty()
-    });
+    wait_no_zombies(&d);
 }
 
 /// Bug 4: an action killed from the host, its exec helper included, answered `ExecFailed: no
@@ -365,8 +359,37 @@ fn exec_helpers(daemon: u32) -> Vec<i32> {
     out
 }
 
+/// Waits until belayerd has no zombie child; on timeout, names each one (status lines).
+fn wait_no_zombies(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let zombies = d.zombie_children();
+        if zombies.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let described: Vec<String> = zombies
+                .iter()
+                .map(|z| {
+                    let status =
+                        std::fs::read_to_string(format!("/proc/{z}/status")).unwrap_or_default();
+                    let keep = ["Name:", "PPid:", "NSpid:", "NSpgid:"];
+                    status
+                        .lines()
+                        .filter(|l| keep.iter().any(|k| l.starts_with(k)))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect();
+            panic!("zombie children of belayerd after 30 s: {described:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Generous: the reaper runs every 200 ms, but a loaded 2-core machine can starve it.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));

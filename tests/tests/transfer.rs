@@ -334,17 +334,18 @@ fn a_sandbox_out_of_disk_gets_a_typed_error_and_keeps_working() {
 }
 
 /// Starts a background job in the sandbox that sends `signal` to every process whose command
-/// line is the helper's (the builtin's child is the only one the sandbox can see), and returns
-/// once it runs; with `once`, the job ends after its first hit. The pattern is split so that
-/// the job's own command line does not match.
-fn hunt_unpackers(d: &Daemon, id: &str, signal: &str, once: bool) {
-    let after = if once { "exit" } else { "true" };
+/// line is the unpacking helper's (`__belayer-helper` and `unpack`: the builtin's child is the
+/// only one the sandbox can see; an exec helper, such as the one of the action starting this
+/// job, has no `unpack`), and returns once it runs; it hunts until the sandbox goes. The
+/// patterns are split so that the job's own command line does not match.
+fn hunt_unpackers(d: &Daemon, id: &str, signal: &str) {
     d.sh(
         id,
         &format!(
             "(while true; do for p in /proc/[0-9]*; do \
-               if grep -q '__bel''ayer-helper' $p/cmdline 2>/dev/null; then \
-                 kill -{signal} ${{p#/proc/}}; {after}; fi; \
+               if grep -q '__bel''ayer-helper' $p/cmdline 2>/dev/null && \
+                  grep -q 'unp''ack' $p/cmdline 2>/dev/null; then \
+                 kill -{signal} ${{p#/proc/}}; fi; \
              done; done) >/dev/null 2>&1 </dev/null &"
         ),
     );
@@ -384,7 +385,7 @@ fn slow_upload(
 fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
     let (d, id) = started();
     let mut c = d.client();
-    hunt_unpackers(&d, &id, "STOP", false);
+    hunt_unpackers(&d, &id, "STOP");
     let t0 = Instant::now();
     let r = slow_upload(&mut c, &id, 3000, Duration::from_millis(1500)).unwrap();
     match r {
@@ -396,7 +397,7 @@ fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
 
     let (d, id) = started();
     let mut c = d.client();
-    hunt_unpackers(&d, &id, "KILL", false);
+    hunt_unpackers(&d, &id, "KILL");
     match slow_upload(&mut c, &id, 30_000, Duration::from_millis(1500)).unwrap() {
         Response::Error(e) => assert_eq!(e.code, ErrorCode::TransferFailed, "{}", e.message),
         other => panic!("{other:?}"),
@@ -408,8 +409,8 @@ fn an_unpacker_the_sandbox_stops_or_kills_ends_the_transfer_in_time() {
     );
 }
 
-/// Uploads, without a timeout, a 4 KiB file whose header comes 1.5 s before its data: the
-/// whole stream fits in the daemon's pipe.
+/// Uploads, without a timeout, a 4 KiB file whose header comes before its data, the data once
+/// the unpacker is stopped: the whole stream fits in the daemon's pipe.
 fn small_stalled_upload(c: &mut Client, id: &str) -> Result<Response, ClientError> {
     let request = UploadRequest {
         id: id.to_owned(),
@@ -425,15 +426,68 @@ fn small_stalled_upload(c: &mut Client, id: &str) -> Result<Response, ClientErro
         h.set_cksum();
         sink.write_all(h.as_bytes())?;
         sink.flush()?;
-        std::thread::sleep(Duration::from_millis(1500));
+        // The data only once the sandbox's hunter has stopped the unpacker (seen from the host),
+        // however slowly it sweeps `/proc` on a loaded machine.
+        wait_for_stopped_unpacker(id, Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(300));
         sink.write_all(&[7u8; 4096])
     })
+}
+
+/// Waits (at most `limit`) until a process of sandbox `id`'s cgroup running the helper
+/// (`__belayer-helper` in its command line) is stopped (`State: T`).
+fn wait_for_stopped_unpacker(id: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let stopped = fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                let p = e.path();
+                let read = |f: &str| fs::read(p.join(f)).unwrap_or_default();
+                let cmdline = read("cmdline");
+                let status = String::from_utf8_lossy(&read("status")).into_owned();
+                String::from_utf8_lossy(&read("cgroup")).contains(id)
+                    && cmdline.windows(16).any(|w| w == b"__belayer-helper")
+                    && cmdline.windows(6).any(|w| w == b"unpack")
+                    && status
+                        .lines()
+                        .any(|l| l.starts_with("State:") && l.contains('T'))
+            });
+        if stopped {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let seen: Vec<String> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.path();
+            let cmdline = fs::read(p.join("cmdline")).ok()?;
+            cmdline
+                .windows(16)
+                .any(|w| w == b"__belayer-helper")
+                .then(|| {
+                    let status = fs::read_to_string(p.join("status")).unwrap_or_default();
+                    let state = status
+                        .lines()
+                        .find(|l| l.starts_with("State:"))
+                        .unwrap_or("");
+                    let cgroup = fs::read_to_string(p.join("cgroup")).unwrap_or_default();
+                    format!("{}: {state} {:?}", p.display(), cgroup.lines().last())
+                })
+        })
+        .collect();
+    panic!("no stopped unpacker of {id} within {limit:?}; helpers: {seen:?}");
 }
 
 #[test]
 fn a_client_that_leaves_while_its_stopped_unpacker_finishes_releases_the_sandbox() {
     let (d, id) = started();
-    hunt_unpackers(&d, &id, "STOP", true);
+    hunt_unpackers(&d, &id, "STOP");
     let mut c = d
         .client()
         .with_read_timeout(Some(Duration::from_secs(2)))
@@ -453,7 +507,7 @@ fn a_client_that_leaves_while_its_stopped_unpacker_finishes_releases_the_sandbox
 #[test]
 fn a_stopped_unpacker_of_a_whole_small_stream_times_out_without_a_timeout() {
     let (d, id) = started();
-    hunt_unpackers(&d, &id, "STOP", true);
+    hunt_unpackers(&d, &id, "STOP");
     let mut c = d
         .client()
         .with_read_timeout(Some(Duration::from_secs(120)))

@@ -5,6 +5,11 @@
 //! write-back; the images are moved into the checkpoint directory after the thaw, where they
 //! are fsync'd with the rest of the checkpoint.
 //!
+//! A restore of a checkpoint whose memory is in page packs assembles the pages files CRIU
+//! reads in a slot of the same stage (`sandbox::restore`): the pages come out of the packs'
+//! page cache and CRIU reads them from memory, where a copy on the disk filesystem would be
+//! a fresh inode read back from the disk.
+//!
 //! The stage has a byte budget: a checkpoint reserves its sandbox's charged memory (plus a
 //! margin) before dumping, and dumps straight into the checkpoint directory when the budget
 //! cannot cover it. tmpfs pages are memory only while a dump sits there.
@@ -156,7 +161,7 @@ impl Drop for DumpStage {
 }
 
 impl StageSlot<'_> {
-    /// The directory CRIU dumps into.
+    /// The slot's directory (where CRIU dumps, or a restore assembles its images).
     pub fn dir(&self) -> &Path {
         &self.dir
     }

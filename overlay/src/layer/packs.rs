@@ -124,8 +124,9 @@ impl BlobStore {
         Ok((path, len.len()))
     }
 
-    /// Copies `ranges` of pack `id` into `dst` with the kernel (`copy_file_range`: shared
-    /// extents on btrfs). Returns the bytes copied. The bytes are not hashed: verify the pack
+    /// Copies `ranges` of pack `id` into `dst`: runs of 64 KiB or more with the kernel
+    /// (`copy_file_range`: shared extents on btrfs, where the two files allow it), shorter
+    /// ones read and written through one buffer. Returns the bytes copied. The bytes are not hashed: verify the pack
     /// ([`BlobStore::verify`]) before trusting them.
     ///
     /// Errors: [`BlobError::Corrupt`] when a range lies beyond the pack's end or the pack is
@@ -142,6 +143,10 @@ impl BlobStore {
             path: path.clone(),
             source,
         })?;
+        // Runs shorter than this are read and written (sharing an extent of a page or two
+        // costs more than copying it).
+        const KERNEL_MIN: u64 = 64 << 10;
+        let mut copier = sys::RangeCopier::new(KERNEL_MIN);
         let mut total = 0;
         for r in ranges {
             if r.src.checked_add(r.len).is_none_or(|end| end > len) {
@@ -150,7 +155,8 @@ impl BlobStore {
                     reason: format!("{len} bytes, a page lies at {}+{}", r.src, r.len),
                 });
             }
-            let n = sys::copy_range(file.as_fd(), r.src, dst, r.dst, r.len)
+            let n = copier
+                .copy(file.as_fd(), r.src, dst, r.dst, r.len)
                 .map_err(|source| BlobError::Copy { blob: *id, source })?;
             if n < r.len {
                 return Err(BlobError::Corrupt {

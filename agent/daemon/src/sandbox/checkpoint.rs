@@ -346,20 +346,34 @@ fn take(
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
-    let memory =
-        store::pages::split_against_parent(&store, parent.as_deref(), &images_dir, &rt.blobs)
-            .map_err(|source| CheckpointError::Pages {
-                id: id.clone(),
-                source,
-            })?;
+    // R_k's pages split into packs while F_k's new blobs are hashed and made durable: two
+    // independent passes over the two biggest parts of the checkpoint, one thread each.
+    let (memory, sealed) = std::thread::scope(|scope| {
+        let split = scope.spawn(|| {
+            store::pages::split_against_parent(&store, parent.as_deref(), &images_dir, &rt.blobs)
+        });
+        let sealed = pending.seal();
+        let memory = split.join().unwrap_or_else(|_| {
+            Err(store::pages::PageError::Io {
+                op: "split (thread panicked)",
+                path: images_dir.clone(),
+                source: std::io::Error::other("the page split thread panicked"),
+            })
+        });
+        (memory, sealed)
+    });
+    if sealed.is_err() {
+        // A base blob may have been collected: the next capture reads everything.
+        slot.set_layer_base(None);
+    }
+    let memory = memory.map_err(|source| CheckpointError::Pages {
+        id: id.clone(),
+        source,
+    })?;
     if let Some(slot) = stage {
         slot.move_into(&criu_dir).map_err(write_err(&criu_dir))?;
     }
-    let (layer, stats) = pending.seal().map_err(|e| {
-        // A base blob may have been collected: the next capture reads everything.
-        slot.set_layer_base(None);
-        fs_err(e)
-    })?;
+    let (layer, stats) = sealed.map_err(fs_err)?;
     let layer_path = dir.join(UPPER_LAYER);
     fs::write(&layer_path, layer.encode()).map_err(write_err(&layer_path))?;
     let summary = LayerSummary {
@@ -389,6 +403,8 @@ fn take(
     for name in names {
         criu.push(art(&format!("criu/{name}"))?);
     }
+    let shared_image_bytes =
+        store::share::link_unchanged_images(&store, parent.as_deref(), &dir, &criu);
     ghosts_fit(
         rt,
         &rec,
@@ -414,6 +430,7 @@ fn take(
         layer: summary,
         criu,
         memory,
+        shared_image_bytes,
         processes,
         ns_last_pid,
         own_netns,

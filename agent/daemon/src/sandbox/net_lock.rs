@@ -14,7 +14,9 @@
 //! So before CRIU starts, an nftables table with `drop` policies on the input and output
 //! hooks goes into the namespace (packets with CRIU's `SOCCR_MARK`, 0xC114, which libsoccr
 //! uses for the FIN it forges while restoring closing connections, pass, as in CRIU's own
-//! lock); once CRIU has exited, the table goes. What the kernel sent meanwhile is dropped and
+//! lock); once CRIU has exited, both chains are set to accept (one transaction: no hook is
+//! unregistered, so no RCU grace period is waited for) and the table is deleted in the
+//! background. What the kernel sent meanwhile is dropped and
 //! sent again by TCP's retransmission timer. Through libnftables (the library CRIU itself is
 //! built with, `scripts/setup.sh`), loaded at run time, so a node without it still restores
 //! trees without connections: [`NetLock::lock`] then fails and the caller goes on unlocked.
@@ -28,8 +30,8 @@
 //! command has its own nftables context, made and freed on that thread.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::OnceLock;
+use std::os::fd::BorrowedFd;
+use std::sync::{mpsc, OnceLock};
 
 /// Name of the table ([`NetLock::lock`] creates it, [`NetLock::unlock`] deletes it).
 pub const TABLE: &str = "inet belayer_restore_lock";
@@ -46,7 +48,15 @@ const LOCK: &CStr = c"table inet belayer_restore_lock {
 }
 ";
 
-const UNLOCK: &CStr = c"delete table inet belayer_restore_lock\n";
+/// Opening the lock: both policies to `accept` in one transaction. The base chains stay
+/// registered, so no RCU grace period is waited for (unregistering a netfilter hook waits for
+/// one, several milliseconds here).
+const UNLOCK: &CStr = c"chain inet belayer_restore_lock input { policy accept; }
+chain inet belayer_restore_lock output { policy accept; }
+";
+
+/// Removing the opened lock, after [`NetLock::unlock`] answered.
+const DELETE: &CStr = c"delete table inet belayer_restore_lock\n";
 
 /// Why the lock could not be taken or released.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +70,7 @@ pub enum NetLockError {
     /// nftables refused the commands.
     #[error("nftables refused to {what} {TABLE}: {message}")]
     Nft {
-        /// `create` or `delete`.
+        /// `create`, `open` or `delete`.
         what: &'static str,
         /// nftables' error output.
         message: String,
@@ -70,13 +80,17 @@ pub enum NetLockError {
     Panicked,
 }
 
-/// A taken lock: an nftables context whose netlink socket lives in the locked namespace, so
-/// [`NetLock::unlock`] needs no `setns` (which can wait for an RCU grace period).
-/// A locked network namespace: the table [`TABLE`] is in it until [`NetLock::unlock`].
+/// A locked network namespace: the table [`TABLE`] is in it until [`NetLock::unlock`]. The
+/// lock is a thread of its own (private fd table, inside the namespace) holding the nftables
+/// context that created the table, waiting for the unlock: deleting the table then costs one
+/// netlink command, with no thread, `setns` (which can wait for an RCU grace period) or
+/// context to make while the restored sandbox waits. Dropped without an unlock, the thread
+/// frees its context and ends, the table left in the namespace.
 #[derive(Debug)]
 pub struct NetLock {
-    netns: OwnedFd,
-    api: Api,
+    unlock: Option<mpsc::SyncSender<()>>,
+    done: mpsc::Receiver<Result<(), NetLockError>>,
+    worker: Option<std::thread::JoinHandle<()>>,
 }
 
 impl NetLock {
@@ -86,67 +100,143 @@ impl NetLock {
     /// [`NetLockError::Nft`], [`NetLockError::Panicked`].
     pub fn lock(netns: BorrowedFd<'_>) -> Result<NetLock, NetLockError> {
         let api = api()?;
+        // Open in the shared fd table until the thread answers: its private copy, taken
+        // before it enters the namespace, has it under the same number.
         let netns = netns.try_clone_to_owned().map_err(NetLockError::Enter)?;
-        let lock = NetLock { netns, api };
-        lock.run(LOCK, "create")?;
-        Ok(lock)
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&netns);
+        let (unlock_tx, unlock_rx) = mpsc::sync_channel::<()>(1);
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        let worker = std::thread::Builder::new()
+            .name("netns-lock".into())
+            .spawn(move || hold(api, raw, unlock_rx, done_tx))
+            .map_err(NetLockError::Enter)?;
+        let mut lock = NetLock {
+            unlock: Some(unlock_tx),
+            done: done_rx,
+            worker: Some(worker),
+        };
+        let answer = lock.done.recv();
+        drop(netns);
+        match answer {
+            Ok(Ok(())) => Ok(lock),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                lock.join();
+                Err(NetLockError::Panicked)
+            }
+        }
     }
 
-    /// Deletes [`TABLE`]: packets flow again.
+    /// Sets both chains of [`TABLE`] to accept: packets flow again. The lock's thread then
+    /// deletes the table by itself (not waited for; a sandbox that removed it first costs a
+    /// debug line).
     ///
-    /// Errors: [`NetLockError::Enter`], [`NetLockError::Nft`], [`NetLockError::Panicked`].
-    pub fn unlock(self) -> Result<(), NetLockError> {
-        self.run(UNLOCK, "delete")
+    /// Errors: [`NetLockError::Nft`], [`NetLockError::Panicked`].
+    pub fn unlock(mut self) -> Result<(), NetLockError> {
+        let sent = self.unlock.take().is_some_and(|tx| tx.send(()).is_ok());
+        let result = if sent {
+            self.done.recv().unwrap_or(Err(NetLockError::Panicked))
+        } else {
+            Err(NetLockError::Panicked)
+        };
+        // Detached: it ends after the delete.
+        self.worker.take();
+        result
     }
 
-    /// Runs `cmd` in the namespace, on a thread with a private fd table holding only 0, 1, 2
-    /// (see the module docs).
-    fn run(&self, cmd: &'static CStr, what: &'static str) -> Result<(), NetLockError> {
-        let api = self.api;
-        // The number of `self.netns`, which stays open until the thread is joined below: the
-        // thread's private copy of the table has it under the same number.
-        let netns = std::os::fd::AsRawFd::as_raw_fd(&self.netns);
-        std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES)
-                .map_err(|e| NetLockError::Enter(e.into()))?;
-            // SAFETY: `netns` is open in this thread's copy of the fd table (copied from the
-            // shared one while `self.netns` was open) and is closed only below.
-            let ns = unsafe { BorrowedFd::borrow_raw(netns) };
-            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| NetLockError::Enter(e.into()))?;
-            // SAFETY: close_range on this thread's private fd table (unshared above); nothing
-            // of this thread owns an fd above 2 (`ns` is a borrow, not used past this point).
-            // The namespace stays entered.
-            if unsafe { libc::close_range(3, libc::c_uint::MAX, 0) } != 0 {
-                return Err(NetLockError::Enter(std::io::Error::last_os_error()));
+    fn join(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for NetLock {
+    fn drop(&mut self) {
+        // Without an unlock: the closed channel ends the thread.
+        self.unlock.take();
+        self.join();
+    }
+}
+
+/// The lock's thread: a private copy of the fd table holding only 0, 1, 2 (see the module
+/// docs), inside `netns`; creates the table, answers on `done`, then waits for `unlock` and
+/// deletes it (answering again), or for the channel to close.
+fn hold(
+    api: Api,
+    netns: std::os::fd::RawFd,
+    unlock: mpsc::Receiver<()>,
+    done: mpsc::SyncSender<Result<(), NetLockError>>,
+) {
+    let entered = (|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES)
+            .map_err(|e| NetLockError::Enter(e.into()))?;
+        // SAFETY: `netns` is open in this thread's copy of the fd table (copied from the
+        // shared one while the caller holds it open) and is closed only below.
+        let ns = unsafe { BorrowedFd::borrow_raw(netns) };
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| NetLockError::Enter(e.into()))?;
+        // SAFETY: close_range on this thread's private fd table (unshared above); nothing of
+        // this thread owns an fd above 2 any more. The namespace stays entered.
+        if unsafe { libc::close_range(3, libc::c_uint::MAX, 0) } != 0 {
+            return Err(NetLockError::Enter(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `api` holds libnftables' functions (loaded by `api()`).
+        let ctx = unsafe { (api.ctx_new)(0) };
+        if ctx.is_null() {
+            return Err(NetLockError::Load("nft_ctx_new failed".into()));
+        }
+        Ok(ctx)
+    })();
+    let ctx = match entered {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            let _ = done.send(Err(e));
+            return;
+        }
+    };
+    // SAFETY: `ctx` is a live context of this thread, used on it only and freed below.
+    unsafe {
+        (api.buffer_output)(ctx);
+        (api.buffer_error)(ctx);
+    }
+    let locked = run(api, ctx, LOCK, "create");
+    let go_on = locked.is_ok();
+    if done.send(locked).is_ok() && go_on && unlock.recv().is_ok() {
+        let opened = run(api, ctx, UNLOCK, "open");
+        let go_on = opened.is_ok();
+        let _ = done.send(opened);
+        if go_on {
+            if let Err(e) = run(api, ctx, DELETE, "delete") {
+                tracing::debug!(error = %e, "opened restore lock not deleted");
             }
-            // SAFETY: `api` holds libnftables' functions (loaded by `api()`); the context is
-            // used on this thread only and freed before it ends.
-            unsafe {
-                let ctx = (api.ctx_new)(0);
-                if ctx.is_null() {
-                    return Err(NetLockError::Load("nft_ctx_new failed".into()));
-                }
-                (api.buffer_output)(ctx);
-                (api.buffer_error)(ctx);
-                let rc = (api.run_cmd)(ctx, cmd.as_ptr());
-                let result = if rc == 0 {
-                    Ok(())
-                } else {
-                    let e = (api.error_buffer)(ctx);
-                    let message = if e.is_null() {
-                        format!("error {rc}")
-                    } else {
-                        CStr::from_ptr(e).to_string_lossy().trim().to_string()
-                    };
-                    Err(NetLockError::Nft { what, message })
-                };
-                (api.ctx_free)(ctx);
-                result
-            }
-        })
-        .join()
-        .unwrap_or(Err(NetLockError::Panicked))
+        }
+    }
+    // SAFETY: as above; not used after this.
+    unsafe { (api.ctx_free)(ctx) };
+}
+
+/// Runs `cmd` on the context `ctx` (of the calling thread).
+fn run(
+    api: Api,
+    ctx: *mut c_void,
+    cmd: &'static CStr,
+    what: &'static str,
+) -> Result<(), NetLockError> {
+    // SAFETY: `ctx` is a live context of the calling thread; `cmd` is NUL-terminated; the
+    // error buffer is read before the next command on the context.
+    unsafe {
+        let rc = (api.run_cmd)(ctx, cmd.as_ptr());
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = (api.error_buffer)(ctx);
+        let message = if e.is_null() {
+            format!("error {rc}")
+        } else {
+            CStr::from_ptr(e).to_string_lossy().trim().to_string()
+        };
+        Err(NetLockError::Nft { what, message })
     }
 }
 
@@ -211,7 +301,7 @@ fn load() -> Result<Api, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, OwnedFd};
 
     /// A fresh network namespace (an nsfs fd), made on a thread of its own.
     fn fresh_netns() -> OwnedFd {

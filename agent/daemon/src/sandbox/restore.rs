@@ -199,10 +199,16 @@ fn restore_locked(
         // R_k's pages files from their packs (checked by the verifier meanwhile).
         let assembled = manifest.as_ref().filter(|m| m.memory.is_some()).map(|m| {
             let t_pages = Instant::now();
-            let dest = slot.paths.restore_images();
+            // In the dump stage's tmpfs when it has room: the packs' pages come out of the
+            // page cache and CRIU reads them from memory (a copy sharing extents on the state
+            // dir's disk would be a new inode, read back from the disk).
+            let stage = rt.stage.as_ref().and_then(|s| s.reserve(m.criu_bytes()));
+            let dest = stage
+                .as_ref()
+                .map_or_else(|| slot.paths.restore_images(), |s| s.dir().join("criu"));
             let done = pages::assemble(m, &store.path(&m.checkpoint).join("criu"), &rt.blobs, &dest);
-            tracing::debug!(sandbox = %id, ms = ms(t_pages), stats = ?done.as_ref().ok(), "memory images assembled");
-            done.map(|_| ImagesDir(dest))
+            tracing::debug!(sandbox = %id, ms = ms(t_pages), staged = stage.is_some(), stats = ?done.as_ref().ok(), "memory images assembled");
+            done.map(|_| ImagesDir { path: dest, _stage: stage })
         });
         t.fs_install = ms(t_fs);
         let verified = verifier
@@ -317,7 +323,7 @@ fn restore_locked(
                 source,
             })?;
             let images = match &assembled {
-                Some(dir) => dir.0.clone(),
+                Some(dir) => dir.path.clone(),
                 None => store.path(&m.checkpoint).join("criu"),
             };
             let cgroup_dirs = instance
@@ -517,15 +523,19 @@ fn restore_locked(
     Ok((info, traced || manifest.is_none()))
 }
 
-/// The images dir assembled for CRIU ([`pages::assemble`]), removed when the restore is
-/// done with it, whatever its outcome.
-struct ImagesDir(std::path::PathBuf);
+/// The images dir assembled for CRIU ([`pages::assemble`]), in a slot of the dump stage or
+/// the sandbox's dir; removed (and the slot's bytes given back) when the restore is done
+/// with it, whatever its outcome.
+struct ImagesDir<'a> {
+    path: std::path::PathBuf,
+    _stage: Option<crate::stage::StageSlot<'a>>,
+}
 
-impl Drop for ImagesDir {
+impl Drop for ImagesDir<'_> {
     fn drop(&mut self) {
-        if let Err(e) = belayer_overlay::remove_dir_all(&self.0) {
+        if let Err(e) = belayer_overlay::remove_dir_all(&self.path) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %self.0.display(), error = %e, "cannot remove a restore's images dir");
+                tracing::warn!(path = %self.path.display(), error = %e, "cannot remove a restore's images dir");
             }
         }
     }

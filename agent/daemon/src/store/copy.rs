@@ -149,6 +149,8 @@ impl CheckpointStore {
         copy.checkpoint = staging.name();
         copy.seq = staging.seq();
         copy.parent = None;
+        // No parent: nothing is shared with one (the copy's files are links to the original's).
+        copy.shared_image_bytes = 0;
         copy.instance = 0;
         copy.context.record = format!("{}/k{}", target.sandbox, m.prefix);
         copy.upper_snapshot = None;

@@ -87,6 +87,11 @@ pub struct Manifest {
     /// no pages file was split.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<super::pages::MemoryImages>,
+    /// Bytes of `criu` that are hard links to the parent checkpoint's same files
+    /// ([`super::share`]): stored once, not counted again in [`Manifest::bytes`]. Absent
+    /// (0) from older manifests.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_image_bytes: u64,
     /// Processes of the sandbox when it was frozen, `"<pid in the sandbox> <comm>"`, sorted.
     #[serde(default)]
     pub processes: Vec<String>,
@@ -185,6 +190,7 @@ impl Manifest {
             layer: LayerSummary::default(),
             criu: vec![],
             memory: None,
+            shared_image_bytes: 0,
             processes: vec![],
             ns_last_pid: None,
             own_netns: false,
@@ -205,10 +211,13 @@ impl Manifest {
             .chain(self.criu.iter())
     }
 
-    /// Bytes this checkpoint added to disk: its artifacts plus its new blobs and new page
-    /// packs.
+    /// Bytes this checkpoint added to disk: its artifacts (less those shared with its
+    /// parent) plus its new blobs and new page packs.
     pub fn bytes(&self) -> u64 {
         self.artifacts().map(|a| a.bytes).sum::<u64>()
+            - self
+                .shared_image_bytes
+                .min(self.criu.iter().map(|a| a.bytes).sum())
             + self.layer.new_blob_bytes
             + self.memory.as_ref().map_or(0, |m| m.new_bytes)
     }
@@ -241,4 +250,8 @@ impl Manifest {
             ready: false,
         }
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

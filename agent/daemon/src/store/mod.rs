@@ -20,6 +20,7 @@ pub mod copy;
 pub mod manifest;
 pub mod pages;
 pub mod pointer;
+pub mod share;
 pub mod snapshot;
 
 use std::fs;

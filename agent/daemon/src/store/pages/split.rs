@@ -11,9 +11,9 @@ use belayer_overlay::layer::{BlobBatch, BlobId, BlobStore};
 use super::format::{PageMap, PageRef};
 use super::{io, pages_stem, MemoryImages, PageError, MAP_SUFFIX};
 
-/// A page of the file being split: where the index found it (else `None`), its index in
-/// the file's own pack when new, its blake3.
-type Split = (Option<(BlobId, u32)>, u32, [u8; 32]);
+/// A page of the file being split: where the index found it (pack in the index, page;
+/// else `None`), its index in the file's own pack when new, its blake3.
+type Split = (Option<(u32, u32)>, u32, [u8; 32]);
 
 /// Read buffer, bytes (a multiple of every page size).
 const READ_BYTES: usize = 1 << 20;
@@ -26,6 +26,9 @@ pub struct PageIndex {
     packs: Vec<BlobId>,
     pack_index: HashMap<BlobId, u32>,
     pages: HashMap<[u8; 32], (u32, u32)>,
+    /// The blake3 of every known page by its place (pack, page), so that of several places
+    /// holding the same bytes the one continuing the previous page's run is chosen.
+    places: HashMap<(u32, u32), [u8; 32]>,
 }
 
 impl PageIndex {
@@ -67,7 +70,7 @@ impl PageIndex {
             .collect();
         for p in &map.pages {
             if let Some(Some(pack)) = present.get(p.pack as usize) {
-                self.pages.entry(p.hash).or_insert((*pack, p.page));
+                self.add(p.hash, *pack, p.page);
             }
         }
     }
@@ -79,10 +82,20 @@ impl PageIndex {
         })
     }
 
-    fn get(&self, hash: &[u8; 32]) -> Option<(BlobId, u32)> {
-        self.pages
-            .get(hash)
-            .map(|(pack, page)| (self.packs[*pack as usize], *page))
+    fn add(&mut self, hash: [u8; 32], pack: u32, page: u32) {
+        self.pages.entry(hash).or_insert((pack, page));
+        self.places.insert((pack, page), hash);
+    }
+
+    /// A place holding the page of `hash`: the page after `prev` when it holds the same
+    /// bytes (the run of pages read at restore goes on), else the first place seen.
+    fn get(&self, hash: &[u8; 32], prev: Option<(u32, u32)>) -> Option<(u32, u32)> {
+        if let Some(next) = prev.and_then(|(pack, page)| Some((pack, page.checked_add(1)?))) {
+            if self.places.get(&next) == Some(hash) {
+                return Some(next);
+            }
+        }
+        self.pages.get(hash).copied()
     }
 
     /// Distinct pages known.
@@ -139,6 +152,7 @@ pub fn split_pages(
         let mut pack = blobs.pack_writer()?;
         let mut refs: Vec<Split> = Vec::new();
         let mut own: Vec<(u32, [u8; 32])> = Vec::new();
+        let mut prev = None;
         loop {
             let n = read_pages(&mut file, &mut buf, page_size).map_err(io("read", &path))?;
             if n == 0 {
@@ -146,7 +160,8 @@ pub fn split_pages(
             }
             for page in buf[..n].chunks_exact(page_size as usize) {
                 let hash = *blake3::hash(page).as_bytes();
-                match index.get(&hash) {
+                prev = index.get(&hash, prev);
+                match prev {
                     Some(found) => refs.push((Some(found), 0, hash)),
                     None => {
                         let at = pack.append(page)? / u64::from(page_size);
@@ -183,7 +198,7 @@ pub fn split_pages(
         }
         for (found, at, hash) in refs {
             let (pack, page) = match found {
-                Some((id, page)) => (slot(id, &mut map), page),
+                Some((pack, page)) => (slot(index.packs[pack as usize], &mut map), page),
                 None => (0, at),
             };
             map.pages.push(PageRef { pack, page, hash });
@@ -191,7 +206,7 @@ pub fn split_pages(
         if let Some(id) = own_pack {
             let pack = index.intern(id);
             for (at, hash) in own {
-                index.pages.entry(hash).or_insert((pack, at));
+                index.add(hash, pack, at);
             }
         }
         packs.extend(map.packs.iter().map(|p| p.to_hex()));

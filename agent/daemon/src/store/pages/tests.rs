@@ -166,6 +166,34 @@ fn a_second_checkpoint_stores_only_the_dirtied_pages() {
 }
 
 #[test]
+fn identical_pages_are_referred_to_in_runs() {
+    if system_page_size() != PS {
+        eprintln!("skipped: the system's pages are not 4 KiB");
+        return;
+    }
+    // A buffer of equal pages (touched once each, as a bytearray filled by a stride): each
+    // page of the second checkpoint could refer to any page of the first; the place after
+    // the previous page's is chosen, so the restore copies one run, not one per page.
+    let f = fixture();
+    let first = images_dir(&f, "c1");
+    let same: Vec<Vec<u8>> = (0..512).map(|_| page(3, 0)).collect();
+    let bytes = write_pages(&first, "pages-1.img", &same);
+    let mut index = PageIndex::default();
+    split_pages(&first, &mut index, PS, &f.blobs).unwrap();
+    let second = images_dir(&f, "c2");
+    write_pages(&second, "pages-1.img", &same);
+    let parent = [first.join("pages-1.pmap")];
+    let mut index = PageIndex::of_maps(parent.iter().map(|p| p.as_path()), PS, &f.blobs);
+    let m2 = split_pages(&second, &mut index, PS, &f.blobs).unwrap();
+    assert_eq!(m2.new_pages, 0);
+    let m = manifest_of(&second, Some(m2));
+    let dest = f.root.join("restore");
+    let stats = assemble(&m, &second, &f.blobs, &dest).unwrap();
+    assert_eq!(fs::read(dest.join("pages-1.img")).unwrap(), bytes);
+    assert_eq!(stats.runs, 1);
+}
+
+#[test]
 fn a_missing_or_unlisted_pack_and_a_damaged_map_are_refused() {
     if system_page_size() != PS {
         eprintln!("skipped: the system's pages are not 4 KiB");
