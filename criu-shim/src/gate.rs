@@ -172,14 +172,27 @@ impl Criu {
 /// for an answer) to abort, so CRIU exits without touching the tree. Returns whether one was
 /// waiting. Waits at most about a second.
 pub fn abort_gated_dump(work_dir: &Path) -> bool {
-    let ready = work_dir.join("gate-ready");
-    let go = work_dir.join("gate-go");
+    abort_waiting_script(&work_dir.join("gate-ready"), &work_dir.join("gate-go"))
+}
+
+/// Answers `abort` to a staged restore ([`crate::Criu::restore_staged`]) whose caller died
+/// while CRIU's action script in `work_dir` waited at a stage, so CRIU stops waiting for the
+/// script's whole bound (at `post-setup-namespaces` it then aborts; at `pre-resume` it goes
+/// on: kill the restored tree first). Returns whether one was waiting. Waits at most about
+/// a second.
+pub fn abort_held_restore(work_dir: &Path) -> bool {
+    abort_waiting_script(&work_dir.join("hook-ready"), &work_dir.join("hook-go"))
+}
+
+/// Opens `ready` for reading (a script blocked on reporting goes on to wait for its
+/// answer), then writes `abort` into `go` once a reader has it open.
+fn abort_waiting_script(ready: &Path, go: &Path) -> bool {
     // Opening the ready fifo lets a script blocked on reporting ready go on to wait for
     // the answer.
     let Ok(_reader) = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(&ready)
+        .open(ready)
     else {
         return false;
     };
@@ -188,7 +201,7 @@ pub fn abort_gated_dump(work_dir: &Path) -> bool {
         match OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
-            .open(&go)
+            .open(go)
         {
             Ok(mut fifo) => return fifo.write_all(b"abort\n").is_ok(),
             Err(e) if e.raw_os_error() == Some(libc::ENXIO) && Instant::now() < deadline => {

@@ -117,7 +117,7 @@ mod run;
 mod sys;
 
 pub use dump::{DumpError, DumpRequest, DumpStats, DEFAULT_GHOST_LIMIT_BYTES, DUMP_LOG};
-pub use gate::{abort_gated_dump, GatedDumpError};
+pub use gate::{abort_gated_dump, abort_held_restore, GatedDumpError};
 pub use hook::{HookedRestoreError, RestoreStage};
 pub use images::{
     rebase_userns_images, tcp_connections, userns_uid_map, validate_restore_paths,

@@ -123,12 +123,24 @@ impl DumpStage {
     }
 
     /// Reserves room for the images of a sandbox charged `memory` bytes; `None` when the
-    /// budget left cannot cover it (or the slot directory cannot be made).
+    /// budget left or the tmpfs's free space cannot cover it (or the slot directory cannot
+    /// be made).
     pub fn reserve(&self, memory: u64) -> Option<StageSlot<'_>> {
         let bytes = memory.saturating_add(MARGIN_BYTES);
         {
             let mut reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
             if reserved.saturating_add(bytes) > self.capacity {
+                return None;
+            }
+            // The tmpfs may be shared (daemons of other state dirs mount it once, each with
+            // its own budget): what is free there bounds every one of them.
+            // Of the mount point: another daemon starting removes this one's directory while
+            // it is empty (the slot below makes it again).
+            let mount_point = self.dir.parent().unwrap_or(&self.dir);
+            let free = nix::sys::statvfs::statvfs(mount_point)
+                .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+                .unwrap_or(0);
+            if free < bytes {
                 return None;
             }
             *reserved += bytes;
@@ -195,6 +207,25 @@ impl Drop for StageSlot<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tmpfs_another_daemon_filled_refuses_the_reservation() {
+        let dir = tempfile::tempdir().unwrap();
+        let mount_point = dir.path().join("stage");
+        // Two daemons (two state dirs), one tmpfs, each with the whole budget.
+        let one = DumpStage::mount(&mount_point, &dir.path().join("one"), 256 << 20).unwrap();
+        let two = DumpStage::mount(&mount_point, &dir.path().join("two"), 256 << 20).unwrap();
+        let held = one.reserve(100 << 20).expect("fits");
+        fs::write(held.dir().join("pages-1.img"), vec![7u8; 150 << 20]).unwrap();
+        assert!(
+            two.reserve(100 << 20).is_none(),
+            "its own budget is free, the tmpfs is not"
+        );
+        drop(held);
+        assert!(two.reserve(100 << 20).is_some(), "room again");
+        drop((one, two));
+        let _ = nix::mount::umount2(&mount_point, nix::mount::MntFlags::MNT_DETACH);
+    }
 
     #[test]
     fn reservations_share_the_budget_and_return_on_drop() {

@@ -32,10 +32,11 @@ use super::instance::{retire_instance, teardown};
 use super::{SandboxSlot, SandboxState};
 use crate::cgroup::SandboxCgroup;
 use crate::runtime::Runtime;
-use crate::store::{pages, CheckpointStore};
+use crate::store::CheckpointStore;
 use crate::sys;
 
 mod error;
+mod images;
 mod rewind;
 pub use rewind::Choice;
 pub(crate) use rewind::Target;
@@ -197,19 +198,10 @@ fn restore_locked(
             materialize_layer(layer, &rt.blobs, &upper, &opts)
         });
         // R_k's pages files from their packs (checked by the verifier meanwhile).
-        let assembled = manifest.as_ref().filter(|m| m.memory.is_some()).map(|m| {
-            let t_pages = Instant::now();
-            // In the dump stage's tmpfs when it has room: the packs' pages come out of the
-            // page cache and CRIU reads them from memory (a copy sharing extents on the state
-            // dir's disk would be a new inode, read back from the disk).
-            let stage = rt.stage.as_ref().and_then(|s| s.reserve(m.criu_bytes()));
-            let dest = stage
-                .as_ref()
-                .map_or_else(|| slot.paths.restore_images(), |s| s.dir().join("criu"));
-            let done = pages::assemble(m, &store.path(&m.checkpoint).join("criu"), &rt.blobs, &dest);
-            tracing::debug!(sandbox = %id, ms = ms(t_pages), staged = stage.is_some(), stats = ?done.as_ref().ok(), "memory images assembled");
-            done.map(|_| ImagesDir { path: dest, _stage: stage })
-        });
+        let assembled = manifest
+            .as_ref()
+            .filter(|m| m.memory.is_some())
+            .map(|m| images::assemble(rt, &slot.paths, &store, m, &id));
         t.fs_install = ms(t_fs);
         let verified = verifier
             .join()
@@ -521,24 +513,6 @@ fn restore_locked(
         dropped_prefixes,
     };
     Ok((info, traced || manifest.is_none()))
-}
-
-/// The images dir assembled for CRIU ([`pages::assemble`]), in a slot of the dump stage or
-/// the sandbox's dir; removed (and the slot's bytes given back) when the restore is done
-/// with it, whatever its outcome.
-struct ImagesDir<'a> {
-    path: std::path::PathBuf,
-    _stage: Option<crate::stage::StageSlot<'a>>,
-}
-
-impl Drop for ImagesDir<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = belayer_overlay::remove_dir_all(&self.path) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %self.path.display(), error = %e, "cannot remove a restore's images dir");
-            }
-        }
-    }
 }
 
 /// A fresh network namespace for a restore, locked ([`super::net_lock`]) until CRIU is done;

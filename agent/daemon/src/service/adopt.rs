@@ -182,6 +182,9 @@ impl Agent {
         if rec.state == SandboxState::Running && !rec.init_alive() {
             rec.state = SandboxState::Failed;
         }
+        if rec.state == SandboxState::Failed {
+            reap_unmanaged_tree(&id, &rec.cgroup, &paths.criu_work());
+        }
         // Instances other than the current one are leftovers of a restore the previous
         // daemon did not finish (or of an old instance it had not deleted yet).
         let stale: Vec<u32> = fs::read_dir(&paths.dir)
@@ -214,6 +217,26 @@ impl Agent {
         self.registry()
             .insert(id, Arc::new(SandboxSlot::new(rec, paths)));
         forked.is_none() || saved.is_ok()
+    }
+}
+
+/// A failed sandbox has no process the daemon answers for: whatever its cgroup holds is the
+/// tree of a restore the previous daemon did not finish (CRIU held at a stage, or about to
+/// resume the tree when its action script's wait runs out), which would otherwise run
+/// unmanaged on an instance about to be deleted. Kills it (`cgroup.kill`, bounded wait), then
+/// tells a CRIU still waiting in its action script to stop waiting.
+fn reap_unmanaged_tree(id: &str, cgroup: &str, criu_work: &std::path::Path) {
+    if let Ok(cg) = SandboxCgroup::open(cgroup) {
+        let pids = cg.pids().unwrap_or_default();
+        if !pids.is_empty() {
+            tracing::warn!(sandbox = %id, pids = pids.len(), "killing the processes of a failed sandbox (an interrupted restore)");
+            if let Err(err) = cg.kill_all(Duration::from_secs(10)) {
+                tracing::warn!(sandbox = %id, error = %err, "cannot kill the processes of a failed sandbox");
+            }
+        }
+    }
+    if belayer_criu::abort_held_restore(criu_work) {
+        tracing::info!(sandbox = %id, "told an orphaned CRIU restore to stop waiting");
     }
 }
 
