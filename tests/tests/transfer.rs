@@ -438,50 +438,60 @@ fn small_stalled_upload(c: &mut Client, id: &str) -> Result<Response, ClientErro
 /// (`__belayer-helper` in its command line) is stopped (`State: T`).
 fn wait_for_stopped_unpacker(id: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        let stopped = fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| {
-                let p = e.path();
-                let read = |f: &str| fs::read(p.join(f)).unwrap_or_default();
-                let cmdline = read("cmdline");
-                let status = String::from_utf8_lossy(&read("status")).into_owned();
-                String::from_utf8_lossy(&read("cgroup")).contains(id)
-                    && cmdline.windows(16).any(|w| w == b"__belayer-helper")
-                    && cmdline.windows(6).any(|w| w == b"unpack")
-                    && status
-                        .lines()
-                        .any(|l| l.starts_with("State:") && l.contains('T'))
-            });
+    loop {
+        let helpers = helpers();
+        let stopped = helpers
+            .iter()
+            .any(|h| h.cgroup.contains(id) && h.unpacker && h.state.starts_with("State:\tT"));
         if stopped {
             return;
         }
+        if Instant::now() >= deadline {
+            let seen: Vec<String> = helpers
+                .iter()
+                .map(|h| format!("{}: {} {:?}", h.pid, h.state, h.cgroup.lines().last()))
+                .collect();
+            panic!("no stopped unpacker of {id} within {limit:?}; helpers: {seen:?}");
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let seen: Vec<String> = fs::read_dir("/proc")
+}
+
+/// A process running the helper, as the host sees it.
+struct Helper {
+    pid: String,
+    /// Its `State:` line.
+    state: String,
+    cgroup: String,
+    /// `unpack` is in its command line.
+    unpacker: bool,
+}
+
+/// Every process with `__belayer-helper` in its command line.
+fn helpers() -> Vec<Helper> {
+    fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| {
             let p = e.path();
             let cmdline = fs::read(p.join("cmdline")).ok()?;
-            cmdline
-                .windows(16)
-                .any(|w| w == b"__belayer-helper")
-                .then(|| {
-                    let status = fs::read_to_string(p.join("status")).unwrap_or_default();
-                    let state = status
-                        .lines()
-                        .find(|l| l.starts_with("State:"))
-                        .unwrap_or("");
-                    let cgroup = fs::read_to_string(p.join("cgroup")).unwrap_or_default();
-                    format!("{}: {state} {:?}", p.display(), cgroup.lines().last())
-                })
+            if !cmdline.windows(16).any(|w| w == b"__belayer-helper") {
+                return None;
+            }
+            let status = fs::read_to_string(p.join("status")).unwrap_or_default();
+            Some(Helper {
+                pid: e.file_name().to_string_lossy().into_owned(),
+                state: status
+                    .lines()
+                    .find(|l| l.starts_with("State:"))
+                    .unwrap_or("")
+                    .to_string(),
+                cgroup: fs::read_to_string(p.join("cgroup")).unwrap_or_default(),
+                unpacker: cmdline.windows(6).any(|w| w == b"unpack"),
+            })
         })
-        .collect();
-    panic!("no stopped unpacker of {id} within {limit:?}; helpers: {seen:?}");
+        .collect()
 }
 
 #[test]

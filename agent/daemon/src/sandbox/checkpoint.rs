@@ -346,11 +346,19 @@ fn take(
 
     // Publish: F_k's blobs and layer manifest, L_k, digests, manifest, fsync, rename, pointer.
     let t_pub = Instant::now();
+    // The parent's manifest, read once for the page index and the shared images (one that
+    // does not load: nothing is shared with it).
+    let parent_manifest = parent.as_deref().and_then(|name| store.load(name).ok());
     // R_k's pages split into packs while F_k's new blobs are hashed and made durable: two
     // independent passes over the two biggest parts of the checkpoint, one thread each.
     let (memory, sealed) = std::thread::scope(|scope| {
         let split = scope.spawn(|| {
-            store::pages::split_against_parent(&store, parent.as_deref(), &images_dir, &rt.blobs)
+            store::pages::split_against_parent(
+                &store,
+                parent_manifest.as_ref(),
+                &images_dir,
+                &rt.blobs,
+            )
         });
         let sealed = pending.seal();
         let memory = split.join().unwrap_or_else(|_| {
@@ -404,7 +412,7 @@ fn take(
         criu.push(art(&format!("criu/{name}"))?);
     }
     let shared_image_bytes =
-        store::share::link_unchanged_images(&store, parent.as_deref(), &dir, &criu);
+        store::share::link_unchanged_images(&store, parent_manifest.as_ref(), &dir, &criu);
     ghosts_fit(
         rt,
         &rec,

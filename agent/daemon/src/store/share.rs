@@ -11,22 +11,22 @@
 use std::fs;
 use std::path::Path;
 
-use super::{digest_file, Artifact, CheckpointStore};
+use super::{digest_file, Artifact, CheckpointStore, Manifest};
 
 /// Largest image compared (bytes): larger ones (ghost files) are kept as written.
 const MAX_SHARED: u64 = 64 << 20;
 
 /// Replaces each of `criu` (artifacts of the checkpoint being staged in `dir`) that equals
-/// the same artifact of checkpoint `parent` by a hard link to the parent's file; returns
-/// the bytes now shared. Any failure (no parent, a manifest that does not load, a file that
-/// differs, a link refused) leaves that file as it was: sharing only saves space.
+/// the same artifact of the parent checkpoint (its manifest, loaded from `store`) by a hard
+/// link to the parent's file; returns the bytes now shared. Any failure (no parent, a file
+/// that differs, a link refused) leaves that file as it was: sharing only saves space.
 pub fn link_unchanged_images(
     store: &CheckpointStore,
-    parent: Option<&str>,
+    parent: Option<&Manifest>,
     dir: &Path,
     criu: &[Artifact],
 ) -> u64 {
-    let Some(parent) = parent.and_then(|name| store.load(name).ok()) else {
+    let Some(parent) = parent else {
         return 0;
     };
     let parent_dir = store.path(&parent.checkpoint);

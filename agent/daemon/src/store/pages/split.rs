@@ -247,19 +247,18 @@ fn read_pages(file: &mut File, buf: &mut [u8], page_size: u32) -> std::io::Resul
 }
 
 /// [`split_pages`] of the images dir `images` of a new checkpoint against the page maps of
-/// its parent `parent` in `store` (none: every page is new). Returns `None` when `images`
-/// held no pages file.
+/// its parent `parent` (its manifest, loaded from `store`; none: every page is new). Returns
+/// `None` when `images` held no pages file.
 ///
 /// Errors: as [`split_pages`].
 pub fn split_against_parent(
     store: &crate::store::CheckpointStore,
-    parent: Option<&str>,
+    parent: Option<&crate::store::Manifest>,
     images: &Path,
     blobs: &BlobStore,
 ) -> Result<Option<MemoryImages>, PageError> {
     let page_size = super::system_page_size();
     let maps: Vec<std::path::PathBuf> = parent
-        .and_then(|name| store.load(name).ok())
         .map(|m| {
             let dir = store.path(&m.checkpoint);
             m.criu
