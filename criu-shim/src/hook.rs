@@ -82,9 +82,46 @@ pub enum HookedRestoreError<E> {
         #[source]
         source: io::Error,
     },
+    /// CRIU's action script at `stage` ended before the caller answered (killed, or its
+    /// wait on the answer failed), so CRIU went on without the caller's say: at
+    /// [`RestoreStage::PreResume`] the tree may have run before the callback's work was done
+    /// (kill it; the images are untouched and a new restore may be tried), at
+    /// [`RestoreStage::Namespaces`] CRIU aborted. `log` holds what CRIU's log says about its
+    /// scripts (their output and exit statuses), at most 8 lines.
+    #[error("CRIU's action script at its {} stage ended before the answer ({log})", stage.action())]
+    ScriptEnded {
+        /// The stage.
+        stage: RestoreStage,
+        /// CRIU's log lines about its scripts, `; `-joined.
+        log: String,
+    },
     /// CRIU exited before a stage, or the restore itself failed.
     #[error(transparent)]
     Restore(#[from] RestoreError),
+}
+
+/// Most lines of CRIU's log a [`HookedRestoreError::ScriptEnded`] carries.
+const SCRIPT_LOG_LINES: usize = 8;
+
+/// What CRIU's log at `log` says about the action scripts: lines naming a script or its
+/// exit status, and the script's own output (CRIU logs its stdout and stderr), newest last.
+fn script_lines(log: &Path) -> String {
+    let tail = crate::log::LogTail::collect(log, "");
+    let mut lines: Vec<&str> = tail
+        .lines
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| {
+            l.contains("cript") || l.contains("hook") || l.contains("timeout") || l.contains("sh: ")
+        })
+        .collect();
+    let skip = lines.len().saturating_sub(SCRIPT_LOG_LINES);
+    lines.drain(..skip);
+    if lines.is_empty() {
+        "nothing about the scripts in CRIU's log".to_string()
+    } else {
+        lines.join("; ")
+    }
 }
 
 fn setup_err<E>(path: &Path) -> impl FnOnce(io::Error) -> HookedRestoreError<E> {
@@ -196,8 +233,16 @@ impl Criu {
                 failed = Some(HookedRestoreError::Hook { stage, source });
             }
             if let Err(e) = answer(&go_path, proceed, &child) {
+                let gone = child.is_finished();
                 let done = join(child, self.path())?;
                 req.finish(done)?;
+                if gone {
+                    // CRIU succeeded without the answer: the script left before it.
+                    return Err(HookedRestoreError::ScriptEnded {
+                        stage,
+                        log: script_lines(&req.log_path()),
+                    });
+                }
                 return Err(setup_err(&go_path)(e));
             }
             if !proceed && stage == RestoreStage::Namespaces {

@@ -364,8 +364,11 @@ pub fn restore_children(
                 let Some(child) = children.get(i) else { break };
                 let restore = || super::restore::restore(rt, child, verify, &Choice::Ready);
                 let mut r = restore();
-                if r.as_ref().is_err_and(RestoreError::is_criu_trap) {
-                    r = restore();
+                if let Err(e) = &r {
+                    if e.is_transient() {
+                        tracing::warn!(error = %e, "a fork child's restore failed in a way seen to pass on a second try; trying once more");
+                        r = restore();
+                    }
                 }
                 *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             });

@@ -41,7 +41,8 @@ impl Agent {
     }
 
     /// `Restore` and `RestoreCheckpoint`: restores the checkpoint `choice` names into a fresh
-    /// instance, once more when CRIU tripped on a task's SIGTRAP, and counts the outcome.
+    /// instance, once more after a failure
+    /// [`sandbox::restore::RestoreError::is_transient`] names, and counts the outcome.
     pub(super) fn restore_now(
         &self,
         caller: &Caller,
@@ -56,8 +57,8 @@ impl Agent {
         let restore = || sandbox::restore::restore(&self.rt, &slot, verify, &choice);
         let mut restored = restore();
         if let Err(e) = &restored {
-            if e.is_criu_trap() {
-                tracing::warn!(sandbox = %id, error = %e, "restore failed on a task's SIGTRAP; trying once more");
+            if e.is_transient() {
+                tracing::warn!(sandbox = %id, error = %e, "restore failed in a way seen to pass on a second try; trying once more");
                 restored = restore();
             }
         }

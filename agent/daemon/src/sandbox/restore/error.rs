@@ -224,14 +224,26 @@ impl RestoreError {
 }
 
 impl RestoreError {
-    /// Whether CRIU failed because a task it was restoring stopped with `SIGTRAP`
-    /// ("<pid> stopped by signal 5"): seen about one restore in ten of a tree with TCP
-    /// connections holding unsent data on a loaded host, in both network-namespace layouts,
-    /// cause not found yet. CRIU has then killed what it made and the ready checkpoint is
-    /// untouched, so the daemon tries such a restore once more.
-    pub fn is_criu_trap(&self) -> bool {
-        matches!(self, RestoreError::Criu { source, .. }
-            if matches!(&**source, belayer_criu::RestoreError::Restore { log, .. }
-                if log.contains("stopped by signal 5")))
+    /// Whether the restore failed in a way a second try from the same checkpoint may not:
+    /// - CRIU failed because a task it was restoring stopped with `SIGTRAP` ("<pid> stopped
+    ///   by signal 5"): seen about one restore in ten of a tree with TCP connections holding
+    ///   unsent data on a loaded host, in both network-namespace layouts, cause not found
+    ///   yet; CRIU has then killed what it made;
+    /// - CRIU's action script at `pre-resume` ended before the daemon's answer
+    ///   ([`belayer_criu::HookedRestoreError::ScriptEnded`]): seen once in a soak of 500
+    ///   restores, cause not found yet; the tree CRIU resumed dies with the fresh cgroup.
+    ///
+    /// Either way the ready checkpoint is untouched, so the daemon tries such a restore once
+    /// more (and logs the first failure).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RestoreError::Criu { source, .. } => matches!(&**source,
+                belayer_criu::RestoreError::Restore { log, .. } if log.contains("stopped by signal 5")),
+            RestoreError::StageHook { source, .. } => matches!(
+                &**source,
+                belayer_criu::HookedRestoreError::ScriptEnded { .. }
+            ),
+            _ => false,
+        }
     }
 }

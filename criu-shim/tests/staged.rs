@@ -1,0 +1,101 @@
+//! A staged restore ([`Criu::restore_staged`]) whose action script dies while CRIU holds the
+//! tree at `pre-resume`, with the real CRIU, as root: the caller gets
+//! [`HookedRestoreError::ScriptEnded`] with what CRIU's log says about the script, not a
+//! bare error about the answer fifo. Skips (printing why) only when no usable CRIU is found.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use belayer_criu::{Criu, DumpRequest, HookedRestoreError, RestoreRequest, RestoreStage};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
+
+/// Live processes whose command line names `needle`.
+fn naming(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            text.contains(needle).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn a_script_killed_at_pre_resume_is_reported_as_such() {
+    let criu = match Criu::locate(None) {
+        Ok(criu) => criu,
+        Err(err) => {
+            println!("SKIP a_script_killed_at_pre_resume_is_reported_as_such: {err}");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let images = tmp.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    // One task, so that every pid the images name is free once it is reaped.
+    let mut cmd = Command::new("sleep");
+    cmd.arg("1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: setsid in the forked child before exec; async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id() as i32;
+    std::thread::sleep(Duration::from_millis(200));
+    criu.dump(&DumpRequest::new(
+        pid,
+        &images,
+        tmp.path().join("dump-work"),
+    ))
+    .expect("dump");
+    // The restored pids must be free.
+    let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+    child.wait().unwrap();
+
+    let work = tmp.path().join("restore-work");
+    let go = work.join("hook-go").display().to_string();
+    let result = criu.restore_staged(
+        &RestoreRequest::new(&images, &work),
+        &[RestoreStage::PreResume],
+        |_, _| {
+            // What a stray SIGKILL does to the held script: it dies before the answer.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let held = naming(&go);
+                if held.is_empty() {
+                    return Ok::<(), std::io::Error>(());
+                }
+                assert!(Instant::now() < deadline, "the script outlived SIGKILL");
+                for p in held {
+                    let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        },
+    );
+    // CRIU went on without the answer: the tree runs again; it goes in any case.
+    let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+    let _ = waitpid(Pid::from_raw(pid), None);
+    match result {
+        Err(HookedRestoreError::ScriptEnded { stage, log }) => {
+            assert_eq!(stage, RestoreStage::PreResume);
+            assert!(log.contains("cript"), "CRIU's lines on the script: {log}");
+            println!("reported: {log}");
+        }
+        other => panic!("expected ScriptEnded, got {other:?}"),
+    }
+}
