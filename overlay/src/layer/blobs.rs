@@ -116,6 +116,13 @@ pub struct BlobStore {
 /// Read and copy buffer size, bytes.
 const BUF_BYTES: usize = 1 << 20;
 
+/// Smallest uncompressed blob [`BlobStore::verify`] hashes on every core, bytes.
+pub const PARALLEL_HASH_MIN: u64 = 4 << 20;
+
+/// Permission bits of a stored blob: root's, read-only (the store's dir, mode 0700, keeps
+/// everyone else out anyway).
+pub(crate) const BLOB_MODE: u32 = 0o400;
+
 impl BlobStore {
     /// Opens the store at `dir`, creating it (mode 0700) and its staging directory. Blobs are
     /// stored uncompressed unless [`with_compression`](Self::with_compression) says otherwise.
@@ -231,18 +238,20 @@ impl BlobStore {
         id: &BlobId,
         batch: &mut BlobBatch,
     ) -> Result<u64, BlobError> {
-        self.insert_staged_as(staged, id, batch, self.compression)
+        self.insert_staged_as(staged, id, batch, self.compression, BLOB_MODE)
     }
 
     /// [`insert_staged`](Self::insert_staged) compressed at `compression` whatever the
     /// store's setting; with `None` the blob is stored uncompressed even when a compressed
-    /// copy is there already (a page pack must be, [`super::packs`]).
+    /// copy is there already (a page pack must be, [`super::packs`]); the new file gets
+    /// permission bits `mode` (an existing blob keeps its own).
     pub(crate) fn insert_staged_as(
         &self,
         staged: &Path,
         id: &BlobId,
         batch: &mut BlobBatch,
         compression: Option<i32>,
+        mode: u32,
     ) -> Result<u64, BlobError> {
         let there = match compression {
             None => self.blob_path(id).is_file() && self.holds_intact(id),
@@ -267,7 +276,7 @@ impl BlobStore {
                 (zst, self.zst_path(id))
             }
         };
-        fs::set_permissions(&src, fs::Permissions::from_mode(0o400))
+        fs::set_permissions(&src, fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", &src))?;
         let bytes = fs::metadata(&src).map_err(io_err("stat", &src))?.len();
         batch.ids.insert(*id);
@@ -440,15 +449,29 @@ impl BlobStore {
         Ok(Box::new(decoder))
     }
 
-    /// Re-hashes blob `id`; [`BlobError::Corrupt`] when it does not hash to its name.
+    /// Re-hashes blob `id`; [`BlobError::Corrupt`] when it does not hash to its name. An
+    /// uncompressed blob of [`PARALLEL_HASH_MIN`] bytes or more (a page pack, a large file)
+    /// is hashed mapped, on every core (blake3's tree hashing over rayon's pool).
     pub fn verify(&self, id: &BlobId) -> Result<u64, BlobError> {
         let (file, compressed) = self.open_blob(id)?;
-        let mut reader = self.reader(id, file, compressed)?;
-        let mut hasher = blake3::Hasher::new();
-        let n = io::copy(&mut reader, &mut hasher).map_err(|e| BlobError::Corrupt {
+        let unreadable = |e: io::Error| BlobError::Corrupt {
             blob: *id,
             reason: format!("unreadable: {e}"),
-        })?;
+        };
+        let mut hasher = blake3::Hasher::new();
+        let len = file.metadata().map_or(0, |m| m.len());
+        let n = if !compressed && len >= PARALLEL_HASH_MIN {
+            // The store's files are root's and never rewritten in place: the map cannot change
+            // under the hash.
+            drop(file);
+            hasher
+                .update_mmap_rayon(self.blob_path(id))
+                .map_err(unreadable)?;
+            hasher.count()
+        } else {
+            let mut reader = self.reader(id, file, compressed)?;
+            io::copy(&mut reader, &mut hasher).map_err(unreadable)?
+        };
         if BlobId(*hasher.finalize().as_bytes()) != *id {
             return Err(BlobError::Corrupt {
                 blob: *id,

@@ -68,7 +68,7 @@ mod materialize;
 mod packs;
 mod warm;
 
-pub use blobs::{BlobBatch, BlobError, BlobStore, GcRoots, GcStats, StoreLease};
+pub use blobs::{BlobBatch, BlobError, BlobStore, GcRoots, GcStats, StoreLease, PARALLEL_HASH_MIN};
 pub use capture::{
     capture_layer, capture_layer_rereading, layer_digest, LayerCaptureOptions, LayerStats,
     PendingLayer, INLINE_MAX_BYTES,
@@ -80,5 +80,5 @@ pub use manifest::{
     LAYER_FORMAT_VERSION, MANIFEST_MAGIC, MAX_MANIFEST_BYTES,
 };
 pub use materialize::{materialize_layer, MaterializeOptions};
-pub use packs::{PackRange, PackWriter};
+pub use packs::{PackRange, PackWriter, PACK_MODE};
 pub use warm::warm_layer;

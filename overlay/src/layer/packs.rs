@@ -15,6 +15,13 @@ use super::blobs::{BlobBatch, BlobError, BlobStore};
 use super::manifest::BlobId;
 use crate::sys;
 
+/// Permission bits of a new pack: readable by all, so that a pack hard-linked into a
+/// restore's images dir as a whole pages file can be read by CRIU's tasks as the restored
+/// user namespace's root (host uid 100000 and up, not the file's owner). Nobody else reaches
+/// it: the blob store's dir is root's, mode 0700, and the images dir lies under the state
+/// dir (mode 0700), which CRIU's tasks never walk (they read through the images dir's fd).
+pub const PACK_MODE: u32 = 0o444;
+
 /// A pack being written into the store's staging dir; removed on drop unless
 /// [`finish`](Self::finish)ed.
 #[derive(Debug)]
@@ -72,7 +79,9 @@ impl PackWriter<'_> {
             return Ok((id, 0));
         };
         drop(file);
-        let grown = self.store.insert_staged_as(&path, &id, batch, None)?;
+        let grown = self
+            .store
+            .insert_staged_as(&path, &id, batch, None, PACK_MODE)?;
         Ok((id, grown))
     }
 }

@@ -151,6 +151,14 @@ impl CheckpointStore {
         copy.parent = None;
         // No parent: nothing is shared with one (the copy's files are links to the original's).
         copy.shared_image_bytes = 0;
+        // Nothing was added to the blob store: the copy refers to the original's blobs and
+        // packs.
+        copy.layer.new_blobs = 0;
+        copy.layer.new_blob_bytes = 0;
+        if let Some(mem) = copy.memory.as_mut() {
+            mem.new_pages = 0;
+            mem.new_bytes = 0;
+        }
         copy.instance = 0;
         copy.context.record = format!("{}/k{}", target.sandbox, m.prefix);
         copy.upper_snapshot = None;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use belayer_overlay::layer::{BlobId, BlobStore, PackRange};
@@ -22,6 +22,47 @@ pub struct AssembleStats {
     pub runs: u64,
     /// Bytes of the pages files.
     pub bytes: u64,
+    /// Of those, bytes of pages files that are a hard link to their pack (nothing copied).
+    pub linked_bytes: u64,
+}
+
+/// Whether the pages file `map` describes is, byte for byte, its one pack: every page in
+/// pack order from the first, and the pack no longer (checked against the pack's length).
+fn is_whole_pack(map: &PageMap, pack_len: u64) -> bool {
+    let Some(first) = map.pages.first() else {
+        return false;
+    };
+    map.pages
+        .iter()
+        .enumerate()
+        .all(|(i, p)| p.pack == first.pack && u64::from(p.page) == i as u64)
+        && pack_len == map.file_bytes()
+}
+
+/// Bytes of checkpoint `m`'s pages files (their maps in `criu_dir`) that are each one
+/// whole pack of `blobs` readable by all
+/// ([`belayer_overlay::layer::PACK_MODE`]): what [`assemble`] with `link`
+/// hard-links instead of copying. A map or pack that cannot be read counts 0 (the assembly
+/// reports it).
+pub fn linkable_bytes(m: &Manifest, criu_dir: &Path, blobs: &BlobStore) -> u64 {
+    m.criu
+        .iter()
+        .filter_map(|a| a.path.strip_prefix("criu/"))
+        .filter(|name| !name.contains('/') && name.ends_with(MAP_SUFFIX))
+        .filter_map(|name| {
+            let map = PageMap::decode(&fs::read(criu_dir.join(name)).ok()?).ok()?;
+            linkable_pack(&map, blobs).map(|_| map.file_bytes())
+        })
+        .sum()
+}
+
+/// The pack file to hard-link as the pages file `map` describes, if it is one whole pack
+/// readable by all.
+fn linkable_pack(map: &PageMap, blobs: &BlobStore) -> Option<std::path::PathBuf> {
+    let id = map.packs.get(map.pages.first()?.pack as usize)?;
+    let (path, len) = blobs.pack_file(id).ok()?;
+    let mode = fs::symlink_metadata(&path).ok()?.permissions().mode();
+    (is_whole_pack(map, len) && mode & 0o004 != 0).then_some(path)
 }
 
 /// Makes `dest` (removed first if it exists, then created mode 0755) the images dir of
@@ -29,8 +70,10 @@ pub struct AssembleStats {
 /// across file systems) except the page maps, and for each page map `pages-<n>.pmap` the
 /// pages file `pages-<n>.img` it describes (mode 0644: CRIU reads pages as the restored
 /// tasks' user namespace root too, which a pack, mode 0400, would refuse), copied out of the
-/// packs in `blobs` by the kernel (shared extents on btrfs). The manifest's pack
-/// list must name every pack a map refers to. Nothing is hashed here: the restore's
+/// packs in `blobs` by the kernel (shared extents on btrfs); with `link` (`dest` on the
+/// blob store's file system), a pages file that is one whole pack ([`linkable_bytes`]) is a
+/// hard link to it instead (falling back to the copy where the kernel refuses the link).
+/// The manifest's pack list must name every pack a map refers to. Nothing is hashed here: the restore's
 /// verifier checks the maps (artifact digests) and the packs (hashed against their ids)
 /// before CRIU runs.
 ///
@@ -41,6 +84,7 @@ pub fn assemble(
     criu_dir: &Path,
     blobs: &BlobStore,
     dest: &Path,
+    link: bool,
 ) -> Result<AssembleStats, PageError> {
     match belayer_overlay::remove_dir_all(dest) {
         Ok(()) => {}
@@ -86,7 +130,16 @@ pub fn assemble(
                     });
                 }
                 let out = dest.join(format!("{stem}.img"));
-                rebuild(&map, blobs, &out, &mut stats)?;
+                let pack = link.then(|| linkable_pack(&map, blobs)).flatten();
+                match pack.map(|pack| fs::hard_link(pack, &out)) {
+                    Some(Ok(())) => {
+                        stats.files += 1;
+                        stats.bytes += map.file_bytes();
+                        stats.linked_bytes += map.file_bytes();
+                    }
+                    // Another file system or subvolume (EXDEV), a link limit: copy.
+                    Some(Err(_)) | None => rebuild(&map, blobs, &out, &mut stats)?,
+                }
             }
             None => {
                 let to = dest.join(name);

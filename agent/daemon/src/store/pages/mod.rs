@@ -10,8 +10,8 @@
 //! memory stores about 1% of the pages, plus 40 bytes of map per page.
 //!
 //! A restore gives CRIU an images dir ([`assemble`]) with R_k's other files hard-linked and
-//! each pages file rebuilt from the packs by `copy_file_range` over runs of consecutive
-//! pages (extents shared on btrfs, so no page is copied). The packs are
+//! each pages file that is one whole pack (a first checkpoint's, memory that all changed)
+//! hard-linked to it, the others rebuilt from the packs over runs of consecutive pages. The packs are
 //! verified by the restore's verifier (each hashed against its id) before CRIU runs.
 //!
 //! Pages are deduplicated within one branch's lineage (the parent's pages, which include
@@ -27,7 +27,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use assemble::{assemble, AssembleStats};
+pub use assemble::{assemble, linkable_bytes, AssembleStats};
 pub use format::{PageMap, PageMapError, PageRef};
 pub use split::{split_against_parent, split_pages, PageIndex};
 

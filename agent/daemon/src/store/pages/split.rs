@@ -18,6 +18,41 @@ type Split = (Option<(u32, u32)>, u32, [u8; 32]);
 /// Read buffer, bytes (a multiple of every page size).
 const READ_BYTES: usize = 1 << 20;
 
+/// Pages of a file found in the index that [`WholeFile`] stores all the same before it
+/// looks at their share.
+const FOUND_ALLOWANCE: u64 = 8;
+
+/// Whether a pages file being split is still stored whole: every page appended to its own
+/// pack at its place in the file, found elsewhere or not, so that the pack is the pages
+/// file byte for byte and a restore hard-links it instead of copying it
+/// ([`super::assemble`]). A file starts so and stops once more than [`FOUND_ALLOWANCE`]
+/// pages, and more than one page in eight of those seen, were found in the index: a first
+/// checkpoint, or memory that all changed, stores each file whole, at the cost of its few
+/// pages stored elsewhere too; a second checkpoint after a few pages changed stops at its
+/// first found pages (at most [`FOUND_ALLOWANCE`] pages stored twice per file).
+#[derive(Debug, Default)]
+struct WholeFile {
+    given_up: bool,
+    seen: u64,
+    found: u64,
+}
+
+impl WholeFile {
+    /// Counts one page (`found`: in the index); whether it is appended all the same.
+    fn keep(&mut self, found: bool) -> bool {
+        if self.given_up {
+            return false;
+        }
+        self.seen += 1;
+        self.found += u64::from(found);
+        if self.found > FOUND_ALLOWANCE && self.found * 8 > self.seen {
+            self.given_up = true;
+            return false;
+        }
+        true
+    }
+}
+
 /// The pages a new checkpoint may refer to instead of storing them: every page of its
 /// parent's page maps whose pack is in the store, and the pages stored so far by the
 /// checkpoint itself, by blake3.
@@ -153,6 +188,7 @@ pub fn split_pages(
         let mut refs: Vec<Split> = Vec::new();
         let mut own: Vec<(u32, [u8; 32])> = Vec::new();
         let mut prev = None;
+        let mut whole = WholeFile::default();
         loop {
             let n = read_pages(&mut file, &mut buf, page_size).map_err(io("read", &path))?;
             if n == 0 {
@@ -161,7 +197,8 @@ pub fn split_pages(
             for page in buf[..n].chunks_exact(page_size as usize) {
                 let hash = *blake3::hash(page).as_bytes();
                 prev = index.get(&hash, prev);
-                match prev {
+                let appended_all_the_same = whole.keep(prev.is_some());
+                match prev.filter(|_| !appended_all_the_same) {
                     Some(found) => refs.push((Some(found), 0, hash)),
                     None => {
                         let at = pack.append(page)? / u64::from(page_size);

@@ -100,25 +100,79 @@ fn split_then_assemble_round_trips() {
     let mut index = PageIndex::default();
     let mem = split_pages(&dir, &mut index, PS, &f.blobs).unwrap();
     assert_eq!(mem.pages, 128);
-    assert_eq!(mem.new_pages, 64 + 32, "the shared half is stored once");
-    assert_eq!(mem.new_bytes, 96 * u64::from(PS));
+    // The shared half is stored once, but for the first shared pages of the second file
+    // (`FOUND_ALLOWANCE`, 8, and the new ones between them): stored whole until then.
+    assert_eq!(mem.new_pages, 64 + 32 + 8, "the shared half is stored once");
+    assert_eq!(mem.new_bytes, 104 * u64::from(PS));
     assert!(!dir.join("pages-1.img").exists());
     assert!(dir.join("pages-1.pmap").is_file());
     let m = manifest_of(&dir, Some(mem));
     let dest = f.root.join("restore");
-    let stats = assemble(&m, &dir, &f.blobs, &dest).unwrap();
+    let stats = assemble(&m, &dir, &f.blobs, &dest, false).unwrap();
     assert_eq!(fs::read(dest.join("pages-1.img")).unwrap(), b1);
     assert_eq!(fs::read(dest.join("pages-2.img")).unwrap(), b2);
     assert_eq!(fs::read(dest.join("pagemap-1.img")).unwrap(), b"map");
     assert!(!dest.join("pages-1.pmap").exists());
     assert_eq!(
         (stats.files, stats.runs),
-        (2, 1 + 64),
-        "one run, then alternating packs"
+        (2, 1 + 1 + 48),
+        "one run, then one over the part stored whole, then alternating packs"
     );
     // Again into the same dir: it is made afresh.
-    assemble(&m, &dir, &f.blobs, &dest).unwrap();
+    assemble(&m, &dir, &f.blobs, &dest, false).unwrap();
     assert_eq!(fs::read(dest.join("pages-2.img")).unwrap(), b2);
+}
+
+#[test]
+fn a_pages_file_that_is_its_whole_pack_is_linked_not_copied() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if system_page_size() != PS {
+        eprintln!("skipped: the system's pages are not 4 KiB");
+        return;
+    }
+    let f = fixture();
+    let dir = images_dir(&f, "c1");
+    let one: Vec<Vec<u8>> = (0..32).map(|i| page(7, i)).collect();
+    // The second file's pages are all the first's: past the allowance it refers to the
+    // first file's pack.
+    let b1 = write_pages(&dir, "pages-1.img", &one);
+    let b2 = write_pages(&dir, "pages-2.img", &one[..20]);
+    let mut index = PageIndex::default();
+    let mem = split_pages(&dir, &mut index, PS, &f.blobs).unwrap();
+    let m = manifest_of(&dir, Some(mem));
+    assert_eq!(linkable_bytes(&m, &dir, &f.blobs), 32 * u64::from(PS));
+    let dest = f.root.join("restore");
+    let stats = assemble(&m, &dir, &f.blobs, &dest, true).unwrap();
+    assert_eq!(fs::read(dest.join("pages-1.img")).unwrap(), b1);
+    assert_eq!(fs::read(dest.join("pages-2.img")).unwrap(), b2);
+    assert_eq!(stats.linked_bytes, 32 * u64::from(PS));
+    let linked = fs::metadata(dest.join("pages-1.img")).unwrap();
+    let pack = m
+        .memory
+        .as_ref()
+        .unwrap()
+        .pack_ids()
+        .find(|p| fs::metadata(f.blobs.blob_path(p)).unwrap().len() == 32 * u64::from(PS))
+        .unwrap();
+    let pack_meta = fs::metadata(f.blobs.blob_path(&pack)).unwrap();
+    assert_eq!(
+        linked.ino(),
+        pack_meta.ino(),
+        "pages-1.img is the pack itself"
+    );
+    assert_eq!(pack_meta.permissions().mode() & 0o777, 0o444);
+    assert_eq!(
+        fs::metadata(dest.join("pages-2.img")).unwrap().nlink(),
+        1,
+        "a part of a pack is copied"
+    );
+    // A pack only its owner may read (an older store's) is copied, not linked.
+    fs::set_permissions(f.blobs.blob_path(&pack), fs::Permissions::from_mode(0o400)).unwrap();
+    assert_eq!(linkable_bytes(&m, &dir, &f.blobs), 0);
+    let stats = assemble(&m, &dir, &f.blobs, &dest, true).unwrap();
+    assert_eq!(stats.linked_bytes, 0);
+    assert_eq!(fs::read(dest.join("pages-1.img")).unwrap(), b1);
+    assert_eq!(fs::metadata(dest.join("pages-1.img")).unwrap().nlink(), 1);
 }
 
 #[test]
@@ -149,7 +203,9 @@ fn a_second_checkpoint_stores_only_the_dirtied_pages() {
     let mut index = PageIndex::of_maps(parent.iter().map(|p| p.as_path()), PS, &f.blobs);
     assert_eq!(index.len(), 1000);
     let m2 = split_pages(&second, &mut index, PS, &f.blobs).unwrap();
-    assert_eq!(m2.new_pages, 10);
+    // The dirtied pages, and the first pages found before the file stopped being stored
+    // whole (the allowance of 8).
+    assert_eq!(m2.new_pages, 10 + 8);
     let map_bytes = fs::metadata(second.join("pages-1.pmap")).unwrap().len();
     let stored = m2.new_bytes + map_bytes;
     assert!(
@@ -160,9 +216,10 @@ fn a_second_checkpoint_stores_only_the_dirtied_pages() {
     assert_eq!(m2.packs.len(), 2, "its own pack and the first's");
     let m = manifest_of(&second, Some(m2));
     let dest = f.root.join("restore");
-    let stats = assemble(&m, &second, &f.blobs, &dest).unwrap();
+    let stats = assemble(&m, &second, &f.blobs, &dest, false).unwrap();
     assert_eq!(fs::read(dest.join("pages-1.img")).unwrap(), b2);
-    assert!(stats.runs <= 21, "{} runs", stats.runs);
+    // The part stored whole, then the parent's runs around each dirtied page.
+    assert!(stats.runs <= 22, "{} runs", stats.runs);
 }
 
 #[test]
@@ -185,12 +242,18 @@ fn identical_pages_are_referred_to_in_runs() {
     let parent = [first.join("pages-1.pmap")];
     let mut index = PageIndex::of_maps(parent.iter().map(|p| p.as_path()), PS, &f.blobs);
     let m2 = split_pages(&second, &mut index, PS, &f.blobs).unwrap();
-    assert_eq!(m2.new_pages, 0);
+    assert_eq!(
+        m2.new_pages, 8,
+        "the allowance stored whole, the rest referred to"
+    );
     let m = manifest_of(&second, Some(m2));
     let dest = f.root.join("restore");
-    let stats = assemble(&m, &second, &f.blobs, &dest).unwrap();
+    let stats = assemble(&m, &second, &f.blobs, &dest, false).unwrap();
     assert_eq!(fs::read(dest.join("pages-1.img")).unwrap(), bytes);
-    assert_eq!(stats.runs, 1);
+    assert_eq!(
+        stats.runs, 2,
+        "the part stored whole, then one run of the parent's"
+    );
 }
 
 #[test]
@@ -213,7 +276,7 @@ fn a_missing_or_unlisted_pack_and_a_damaged_map_are_refused() {
         }),
     );
     assert!(matches!(
-        assemble(&unlisted, &dir, &f.blobs, &dest),
+        assemble(&unlisted, &dir, &f.blobs, &dest, false),
         Err(PageError::UnlistedPack { .. })
     ));
     // A map cut short.
@@ -222,7 +285,7 @@ fn a_missing_or_unlisted_pack_and_a_damaged_map_are_refused() {
     let good = fs::read(&map).unwrap();
     fs::write(&map, &good[..good.len() - 1]).unwrap();
     assert!(matches!(
-        assemble(&listed, &dir, &f.blobs, &dest),
+        assemble(&listed, &dir, &f.blobs, &dest, false),
         Err(PageError::Map { .. })
     ));
     fs::write(&map, &good).unwrap();
@@ -231,7 +294,7 @@ fn a_missing_or_unlisted_pack_and_a_damaged_map_are_refused() {
     let (path, _) = f.blobs.pack_file(&pack).unwrap();
     fs::remove_file(path).unwrap();
     assert!(matches!(
-        assemble(&listed, &dir, &f.blobs, &dest),
+        assemble(&listed, &dir, &f.blobs, &dest, false),
         Err(PageError::Blob(
             belayer_overlay::layer::BlobError::Missing { .. }
         ))
