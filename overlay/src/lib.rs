@@ -134,8 +134,8 @@
 //!   parsed here, by length: the crate's own parser splits on newlines, which extended
 //!   attribute values may contain.
 //! - `blake3`: fast cryptographic hashing for [`file_digest`], [`tree_digest`] and the
-//!   content addresses of blobs; its `mmap` and `rayon` features hash a large blob (a page
-//!   pack a restore verifies before CRIU reads it) mapped and on every core.
+//!   content addresses of blobs; its `rayon` feature hashes a large blob (a page pack a
+//!   restore verifies before CRIU reads it) on every core.
 //! - `bincode` + `serde`: the layer-manifest encoding (compact, fast for 10^5 entries, with a
 //!   decode limit for untrusted input).
 //! - `zstd`: optional compression of blobs in the store.

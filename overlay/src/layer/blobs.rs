@@ -116,7 +116,8 @@ pub struct BlobStore {
 /// Read and copy buffer size, bytes.
 const BUF_BYTES: usize = 1 << 20;
 
-/// Smallest uncompressed blob [`BlobStore::verify`] hashes on every core, bytes.
+/// Smallest uncompressed blob [`BlobStore::verify`] hashes on every core, and the chunk it
+/// reads at a time, bytes.
 pub const PARALLEL_HASH_MIN: u64 = 4 << 20;
 
 /// Permission bits of a stored blob: root's, read-only (the store's dir, mode 0700, keeps
@@ -449,9 +450,10 @@ impl BlobStore {
         Ok(Box::new(decoder))
     }
 
-    /// Re-hashes blob `id`; [`BlobError::Corrupt`] when it does not hash to its name. An
-    /// uncompressed blob of [`PARALLEL_HASH_MIN`] bytes or more (a page pack, a large file)
-    /// is hashed mapped, on every core (blake3's tree hashing over rayon's pool).
+    /// Re-hashes blob `id`; [`BlobError::Corrupt`] when it does not hash to its name (or
+    /// cannot be read). An uncompressed blob of [`PARALLEL_HASH_MIN`] bytes or more (a page
+    /// pack, a large file) is hashed on every core (blake3's tree hashing over rayon's pool),
+    /// [`PARALLEL_HASH_MIN`] bytes at a time.
     pub fn verify(&self, id: &BlobId) -> Result<u64, BlobError> {
         let (file, compressed) = self.open_blob(id)?;
         let unreadable = |e: io::Error| BlobError::Corrupt {
@@ -461,12 +463,18 @@ impl BlobStore {
         let mut hasher = blake3::Hasher::new();
         let len = file.metadata().map_or(0, |m| m.len());
         let n = if !compressed && len >= PARALLEL_HASH_MIN {
-            // The store's files are root's and never rewritten in place: the map cannot change
-            // under the hash.
-            drop(file);
-            hasher
-                .update_mmap_rayon(self.blob_path(id))
-                .map_err(unreadable)?;
+            // Read (not mapped: a bad sector or a btrfs checksum failure must come back as
+            // an error, where a mapping would raise SIGBUS) in large chunks, each hashed on
+            // every core.
+            let mut file = file;
+            let mut buf = vec![0u8; PARALLEL_HASH_MIN as usize];
+            loop {
+                let got = read_full(&mut file, &mut buf).map_err(unreadable)?;
+                if got == 0 {
+                    break;
+                }
+                hasher.update_rayon(&buf[..got]);
+            }
             hasher.count()
         } else {
             let mut reader = self.reader(id, file, compressed)?;
