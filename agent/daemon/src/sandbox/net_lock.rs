@@ -144,6 +144,19 @@ impl NetLock {
         result
     }
 
+    /// [`NetLock::unlock`], then waits for the table's deletion: a test that locks the same
+    /// namespace again must not race the previous lock's background delete (a restore's
+    /// namespace is always a fresh one).
+    #[cfg(test)]
+    fn unlock_and_wait(mut self) -> Result<(), NetLockError> {
+        let worker = self.worker.take();
+        let result = self.unlock();
+        if let Some(worker) = worker {
+            let _ = worker.join();
+        }
+        result
+    }
+
     fn join(&mut self) {
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
@@ -345,7 +358,7 @@ mod tests {
         let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
         for _ in 0..ROUNDS {
             let lock = NetLock::lock(netns.as_fd()).expect("lock");
-            lock.unlock().expect("unlock");
+            lock.unlock_and_wait().expect("unlock");
         }
         let after = std::fs::read_dir("/proc/self/fd").unwrap().count();
         assert!(
