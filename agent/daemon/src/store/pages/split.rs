@@ -25,11 +25,12 @@ const FOUND_ALLOWANCE: u64 = 8;
 /// Whether a pages file being split is still stored whole: every page appended to its own
 /// pack at its place in the file, found elsewhere or not, so that the pack is the pages
 /// file byte for byte and a restore hard-links it instead of copying it
-/// ([`super::assemble`]). A file starts so and stops once more than [`FOUND_ALLOWANCE`]
-/// pages, and more than one page in eight of those seen, were found in the index: a first
-/// checkpoint, or memory that all changed, stores each file whole, at the cost of its few
-/// pages stored elsewhere too; a second checkpoint after a few pages changed stops at its
-/// first found pages (at most [`FOUND_ALLOWANCE`] pages stored twice per file).
+/// ([`super::assemble`]). Only a checkpoint without a parent's pages to refer to (a first
+/// one) stores its files so: each starts whole and stops once more than
+/// [`FOUND_ALLOWANCE`] pages, and more than one page in eight of those seen, were found in
+/// the index (equal to pages of a file split before it), so that pages shared between its
+/// processes cost at most [`FOUND_ALLOWANCE`] pages stored twice per file. A checkpoint
+/// with a parent refers to every page it finds, as it must to store only what changed.
 #[derive(Debug, Default)]
 struct WholeFile {
     given_up: bool,
@@ -64,6 +65,11 @@ pub struct PageIndex {
     /// The blake3 of every known page by its place (pack, page), so that of several places
     /// holding the same bytes the one continuing the previous page's run is chosen.
     places: HashMap<(u32, u32), [u8; 32]>,
+    /// Pages that came from the parent's maps ([`PageIndex::of_maps`]).
+    parent_pages: usize,
+    /// The places of the pages of each of the parent's maps, in file order, by the stem of
+    /// the pages file (`pages-<n>`); `None` where its pack is gone.
+    by_file: HashMap<String, Vec<Option<(u32, u32)>>>,
 }
 
 impl PageIndex {
@@ -80,8 +86,13 @@ impl PageIndex {
             let map = fs::read(path)
                 .map_err(|e| e.to_string())
                 .and_then(|b| PageMap::decode(&b).map_err(|e| e.to_string()));
+            let stem = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(MAP_SUFFIX))
+                .map(str::to_owned);
             match map {
-                Ok(map) if map.page_size == page_size => index.add_map(&map, blobs),
+                Ok(map) if map.page_size == page_size => index.add_map(&map, blobs, stem),
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(map = %path.display(), error = %e, "parent page map unusable: its pages are stored again")
@@ -91,7 +102,7 @@ impl PageIndex {
         index
     }
 
-    fn add_map(&mut self, map: &PageMap, blobs: &BlobStore) {
+    fn add_map(&mut self, map: &PageMap, blobs: &BlobStore, stem: Option<String>) {
         let present: Vec<Option<u32>> = map
             .packs
             .iter()
@@ -103,10 +114,17 @@ impl PageIndex {
                 Some(self.intern(*id))
             })
             .collect();
+        let mut places = Vec::with_capacity(map.pages.len());
         for p in &map.pages {
-            if let Some(Some(pack)) = present.get(p.pack as usize) {
-                self.add(p.hash, *pack, p.page);
+            let place = present.get(p.pack as usize).copied().flatten();
+            if let Some(pack) = place {
+                self.add(p.hash, pack, p.page);
+                self.parent_pages += 1;
             }
+            places.push(place.map(|pack| (pack, p.page)));
+        }
+        if let Some(stem) = stem {
+            self.by_file.insert(stem, places);
         }
     }
 
@@ -122,9 +140,22 @@ impl PageIndex {
         self.places.insert((pack, page), hash);
     }
 
-    /// A place holding the page of `hash`: the page after `prev` when it holds the same
-    /// bytes (the run of pages read at restore goes on), else the first place seen.
-    fn get(&self, hash: &[u8; 32], prev: Option<(u32, u32)>) -> Option<(u32, u32)> {
+    /// A place holding the page of `hash`: `same` (where the parent's file of the same name
+    /// had its page at this position) when it holds the same bytes, so that an unchanged
+    /// file gets the parent's map byte for byte (then shared with it as an unchanged image);
+    /// else the page after `prev` when it does (the run of pages read at restore goes on);
+    /// else the first place seen.
+    fn get(
+        &self,
+        hash: &[u8; 32],
+        same: Option<(u32, u32)>,
+        prev: Option<(u32, u32)>,
+    ) -> Option<(u32, u32)> {
+        if let Some(same) = same {
+            if self.places.get(&same) == Some(hash) {
+                return Some(same);
+            }
+        }
         if let Some(next) = prev.and_then(|(pack, page)| Some((pack, page.checked_add(1)?))) {
             if self.places.get(&next) == Some(hash) {
                 return Some(next);
@@ -188,7 +219,14 @@ pub fn split_pages(
         let mut refs: Vec<Split> = Vec::new();
         let mut own: Vec<(u32, [u8; 32])> = Vec::new();
         let mut prev = None;
-        let mut whole = WholeFile::default();
+        let parent_file = pages_stem(&name)
+            .and_then(|stem| index.by_file.get(stem))
+            .cloned();
+        let mut position = 0usize;
+        let mut whole = WholeFile {
+            given_up: index.parent_pages > 0,
+            ..WholeFile::default()
+        };
         loop {
             let n = read_pages(&mut file, &mut buf, page_size).map_err(io("read", &path))?;
             if n == 0 {
@@ -196,7 +234,11 @@ pub fn split_pages(
             }
             for page in buf[..n].chunks_exact(page_size as usize) {
                 let hash = *blake3::hash(page).as_bytes();
-                prev = index.get(&hash, prev);
+                let same = parent_file
+                    .as_ref()
+                    .and_then(|places| places.get(position).copied().flatten());
+                position += 1;
+                prev = index.get(&hash, same, prev);
                 let appended_all_the_same = whole.keep(prev.is_some());
                 match prev.filter(|_| !appended_all_the_same) {
                     Some(found) => refs.push((Some(found), 0, hash)),
