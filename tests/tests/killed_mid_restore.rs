@@ -85,6 +85,9 @@ fn a_daemon_killed_mid_restore_leaves_no_tree_running_and_the_checkpoint_restore
         cgroup_pids(&parent, &id).is_empty()
     });
     settle("no CRIU left", || !criu_running(&d));
+    // Its images dir (pages files hard-linked to their packs) goes with the adoption.
+    let images = d.state_dir.join("sandboxes").join(&id).join("criu-images");
+    assert!(!images.exists(), "{} left", images.display());
     let info = d.inspect(&id);
     assert!(
         info.state == "failed" || info.state == "running",

@@ -185,6 +185,14 @@ impl Agent {
         if rec.state == SandboxState::Failed {
             reap_unmanaged_tree(&id, &rec.cgroup, &paths.criu_work());
         }
+        // The images dir of a restore the previous daemon did not finish (its pages files
+        // may be hard links to packs, which would outlive their collection).
+        let images = paths.restore_images();
+        if images.exists() {
+            if let Err(err) = belayer_overlay::remove_dir_all(&images) {
+                tracing::warn!(sandbox = %id, error = %err, "cannot remove a restore's images dir");
+            }
+        }
         // Instances other than the current one are leftovers of a restore the previous
         // daemon did not finish (or of an old instance it had not deleted yet).
         let stale: Vec<u32> = fs::read_dir(&paths.dir)

@@ -234,9 +234,7 @@ fn an_unchanged_file_gets_its_parent_s_map_byte_for_byte() {
     let f = fixture();
     let one: Vec<Vec<u8>> = (0..40).map(|i| page(11, i)).collect();
     let mut two: Vec<Vec<u8>> = (0..40).map(|i| page(12, i)).collect();
-    for i in 0..4 {
-        two[10 + i] = one[20 + i].clone();
-    }
+    two[10..14].clone_from_slice(&one[20..24]);
     let mut maps = Vec::new();
     for (n, name) in ["c1", "c2"].iter().enumerate() {
         let dir = images_dir(&f, name);
