@@ -219,9 +219,7 @@ pub fn split_pages(
         let mut refs: Vec<Split> = Vec::new();
         let mut own: Vec<(u32, [u8; 32])> = Vec::new();
         let mut prev = None;
-        let parent_file = pages_stem(&name)
-            .and_then(|stem| index.by_file.get(stem))
-            .cloned();
+        let parent_file = pages_stem(&name).and_then(|stem| index.by_file.get(stem));
         let mut position = 0usize;
         let mut whole = WholeFile {
             given_up: index.parent_pages > 0,
@@ -234,9 +232,7 @@ pub fn split_pages(
             }
             for page in buf[..n].chunks_exact(page_size as usize) {
                 let hash = *blake3::hash(page).as_bytes();
-                let same = parent_file
-                    .as_ref()
-                    .and_then(|places| places.get(position).copied().flatten());
+                let same = parent_file.and_then(|places| places.get(position).copied().flatten());
                 position += 1;
                 prev = index.get(&hash, same, prev);
                 let appended_all_the_same = whole.keep(prev.is_some());
