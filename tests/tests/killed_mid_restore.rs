@@ -106,3 +106,54 @@ fn a_daemon_killed_mid_restore_leaves_no_tree_running_and_the_checkpoint_restore
     assert_eq!(d.inspect(&id).state, "running");
     d.assert_alive("after a restore interrupted by a kill");
 }
+
+/// The instance number in the sandbox's `state.json`.
+fn recorded_instance(d: &Daemon, id: &str) -> u32 {
+    let path = d.state_dir.join("sandboxes").join(id).join("state.json");
+    let rec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    rec["instance"].as_u64().expect("instance") as u32
+}
+
+#[test]
+fn a_restore_right_after_the_restart_never_takes_the_number_of_a_stale_instance() {
+    let mut d = Daemon::start();
+    d.image("busybox", &belayer_tests::busybox_rootfs());
+    let id = d.create("busybox").id;
+    d.sh(&id, "echo kept > /root/f");
+    d.checkpoint(&id, 1, b"L1");
+    d.kill();
+    // What an interrupted restore leaves: the next instance's dir, with enough files in its
+    // upper that the adoption's background deletion of it takes a while.
+    let current = recorded_instance(&d, &id);
+    let stale = d
+        .state_dir
+        .join("sandboxes")
+        .join(&id)
+        .join(format!("inst-{}", current + 1));
+    for sub in ["work", "merged"] {
+        std::fs::create_dir_all(stale.join(sub)).unwrap();
+    }
+    for i in 0..40 {
+        let dir = stale.join("upper").join(format!("d{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for j in 0..500 {
+            std::fs::write(dir.join(format!("f{j}")), b"stale").unwrap();
+        }
+    }
+    d.restart();
+    let r = d.restore(&id);
+    assert_eq!(r.prefix, Some(1));
+    assert!(
+        recorded_instance(&d, &id) > current + 1,
+        "the restore took the stale instance's number"
+    );
+    settle("the stale instance deleted", || !stale.exists());
+    assert_eq!(d.sh(&id, "cat /root/f"), "kept");
+    // And again: the numbers keep going up past whatever is on disk.
+    d.sh(&id, "echo again >> /root/f");
+    d.checkpoint(&id, 2, b"L2");
+    let r = d.restore(&id);
+    assert_eq!(r.prefix, Some(2));
+    assert_eq!(d.sh(&id, "cat /root/f"), "kept\nagain");
+    d.assert_alive("after restores past a stale instance");
+}

@@ -133,6 +133,27 @@ impl SandboxPaths {
     pub fn restore_images(&self) -> PathBuf {
         self.dir.join("criu-images")
     }
+    /// The numbers of the instance dirs (`inst-<n>`) on disk, in no order: the current
+    /// instance's, and any an interrupted restore or a retirement under way left. Empty when
+    /// the sandbox dir cannot be read.
+    pub fn instances(&self) -> Vec<u32> {
+        std::fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("inst-")?.parse().ok())
+            .collect()
+    }
+    /// The number a new instance of a sandbox whose current instance is `current` takes: one
+    /// past every instance dir on disk, so that it never names a stale dir another thread may
+    /// still be deleting (a retirement spawned by an adoption or by a failed restore).
+    /// Saturates at `u32::MAX` (four billion restores).
+    pub fn next_instance(&self, current: u32) -> u32 {
+        self.instances()
+            .into_iter()
+            .fold(current, u32::max)
+            .saturating_add(1)
+    }
 }
 
 impl SandboxRecord {

@@ -6,7 +6,8 @@
 //!   part of it changes, *before* the change is committed in memory ([`SandboxSlot::commit`]):
 //!   a full disk fails the verb and loses nothing. Transient states (`checkpointing`,
 //!   `restoring`) live in memory only; after a crash the adoption pass infers them;
-//! - `inst-<n>/{upper,work,merged}`: the overlay of instance n (a restore makes instance n+1);
+//! - `inst-<n>/{upper,work,merged}`: the overlay of instance n (a restore makes one numbered
+//!   past every `inst-` dir on disk);
 //! - `checkpoints/`: the [`crate::store::CheckpointStore`].
 //!
 //! One verb per file: [`create`], [`exec`], [`checkpoint`], [`restore`], [`remove`]; the

@@ -56,13 +56,8 @@ pub fn remove(slot: &SandboxSlot) -> Result<(), RemoveError> {
     })?;
     // Every instance root still mounted (the current one, or one left by an interrupted
     // restore).
-    if let Ok(entries) = fs::read_dir(&slot.paths.dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(n) = name.strip_prefix("inst-").and_then(|n| n.parse().ok()) {
-                let _ = belayer_overlay::unmount(&slot.paths.merged(n));
-            }
-        }
+    for n in slot.paths.instances() {
+        let _ = belayer_overlay::unmount(&slot.paths.merged(n));
     }
     // Out of every other writer's way first. The removed flag, set under the record lock
     // that every `state.json` writer holds (the failure watcher's `refresh`/`fail`, `commit`),
@@ -127,13 +122,8 @@ pub fn remove_unrecorded(paths: &super::SandboxPaths, cgroup: &str) {
             return;
         }
     }
-    if let Ok(entries) = fs::read_dir(&paths.dir) {
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(n) = name.strip_prefix("inst-").and_then(|n| n.parse().ok()) {
-                let _ = belayer_overlay::unmount(&paths.merged(n));
-            }
-        }
+    for n in paths.instances() {
+        let _ = belayer_overlay::unmount(&paths.merged(n));
     }
     let trash = trash_path(&paths.dir);
     match fs::rename(&paths.dir, &trash) {

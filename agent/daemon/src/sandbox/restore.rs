@@ -153,7 +153,9 @@ fn restore_locked(
     // 2. F_k into a fresh instance's upper dir, while every artifact digest and every blob
     //    is verified on a second thread; both before the failed instance is touched, so a
     //    corrupt checkpoint costs the running instance nothing.
-    let n = rec.instance + 1;
+    // A number no instance dir on disk has: a stale one (an interrupted restore's, found by
+    // the adoption) may still be being deleted in the background.
+    let n = slot.paths.next_instance(rec.instance);
     let t_fs = Instant::now();
     let from_snapshot = upper::from_snapshot(rt, &rec, &slot.paths, n, &store, manifest.as_ref());
     if !from_snapshot {

@@ -195,14 +195,11 @@ impl Agent {
         }
         // Instances other than the current one are leftovers of a restore the previous
         // daemon did not finish (or of an old instance it had not deleted yet).
-        let stale: Vec<u32> = fs::read_dir(&paths.dir)
+        // A restore from now on takes a number past all of them
+        // (`SandboxPaths::next_instance`), so their deletion cannot meet it.
+        let stale: Vec<u32> = paths
+            .instances()
             .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| {
-                let name = e.file_name();
-                name.to_str()?.strip_prefix("inst-")?.parse::<u32>().ok()
-            })
             .filter(|n| *n != rec.instance)
             .collect();
         if !stale.is_empty() {
