@@ -112,9 +112,8 @@ impl Criu {
         let script = work.join("gate.sh");
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        let text = gate_script(&ready_path, &go_path);
-        std::fs::write(&script, text).map_err(setup_err(&script))?;
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        // Written by CRIU's own process before its exec (`ChildSetup::script`), not here.
+        let text = run::script_file(&script, gate_script(&ready_path, &go_path))
             .map_err(setup_err(&script))?;
         // Opened before CRIU starts, so the script's write never blocks on our open.
         let mut ready = OpenOptions::new()
@@ -126,7 +125,8 @@ impl Criu {
         let mut args = req.args();
         run::push(&mut args, "--action-script", &script);
         let criu = self.path().to_path_buf();
-        let setup = req.child_setup()?;
+        let mut setup = req.child_setup()?;
+        setup.script = Some(text);
         let child = std::thread::spawn(move || run::run(&criu, &args, setup));
 
         let started = Instant::now();

@@ -178,17 +178,18 @@ impl Criu {
         if stages.is_empty() {
             return Ok(self.restore(req)?);
         }
-        let setup = req.child_setup()?;
+        let mut setup = req.child_setup()?;
         let work = req.work_dir().to_path_buf();
         let ready_path = work.join("hook-ready");
         let go_path = work.join("hook-go");
         let script = work.join("hook.sh");
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        std::fs::write(&script, hook_script(&stages, &ready_path, &go_path))
-            .map_err(setup_err(&script))?;
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(setup_err(&script))?;
+        // Written by CRIU's own process before its exec (`ChildSetup::script`), not here.
+        setup.script = Some(
+            run::script_file(&script, hook_script(&stages, &ready_path, &go_path))
+                .map_err(setup_err(&script))?,
+        );
         // Opened before CRIU starts, so the script's write never blocks on our open; read and
         // write, so that between two stages the fifo has a writer and `poll` waits for data
         // instead of reporting a hang-up.

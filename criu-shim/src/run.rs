@@ -34,8 +34,19 @@ pub(crate) struct ChildSetup {
     /// raised a capability into its inheritable set and then dropped it from its bounding set
     /// is only restorable by a restorer whose inheritable set already holds it.
     pub inheritable_from_permitted: bool,
+    /// Write this action script (path, text) first ([`sys::child_write_script`]): only the
+    /// child ever holds it open for writing, so CRIU's exec of it cannot meet `ETXTBSY`.
+    pub script: Option<(CString, Vec<u8>)>,
     /// Kill the run (`SIGKILL`) once it has taken this long (not used by the child).
     pub time_limit: Option<Duration>,
+}
+
+/// The [`ChildSetup::script`] for an action script at `path` with `text`. Errors: a path with
+/// a NUL byte.
+pub(crate) fn script_file(path: &Path, text: String) -> io::Result<(CString, Vec<u8>)> {
+    let path = CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Ok((path, text.into_bytes()))
 }
 
 /// Opens the namespace file at `path` (for [`ChildSetup::netns`], [`ChildSetup::cgroupns`]),
@@ -81,10 +92,14 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
         .stderr(Stdio::piped())
         .process_group(0);
     // SAFETY: the hook runs in the forked child before exec. It only calls async-signal-safe
-    // syscalls (setns, write, unshare, mount, capget/capset, close_range) on fds and C strings created before the fork,
+    // syscalls (unlink, open, write, close, setns, unshare, mount, capget/capset, close_range)
+    // on fds, C strings and buffers created before the fork,
     // and does not allocate: the closure owns `setup`, and errors are built from raw errnos.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some((path, text)) = &setup.script {
+                sys::child_write_script(path, text)?;
+            }
             if let Some(fd) = &setup.netns {
                 sys::child_enter_netns(fd.as_fd())?;
             }
@@ -254,6 +269,49 @@ mod tests {
         assert_eq!(done.stdout, "out\n");
         assert_eq!(done.stderr, "err\n");
         assert!(done.elapsed_ms() > 0.0);
+    }
+
+    #[test]
+    fn a_script_written_by_the_child_is_executable_while_other_threads_fork() {
+        // Other threads fork children that stay between fork and exec for a while, holding
+        // copies of whatever fds were open when they forked (a script the caller was
+        // writing would be one: its exec then fails with ETXTBSY). The child writes the
+        // script itself, so none of them can hold it.
+        let dir = tempfile::tempdir().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut cmd = Command::new("/bin/true");
+                        // SAFETY: nanosleep only, in the forked child.
+                        unsafe {
+                            cmd.pre_exec(|| {
+                                libc::usleep(20_000);
+                                Ok(())
+                            });
+                        }
+                        let _ = cmd.status();
+                    }
+                });
+            }
+            for i in 0..100 {
+                let path = dir.path().join("hook.sh");
+                let setup = ChildSetup {
+                    script: Some(script_file(&path, format!("#!/bin/sh\necho {i}\n")).unwrap()),
+                    ..ChildSetup::default()
+                };
+                let done = run(
+                    Path::new("/bin/sh"),
+                    &["-c".into(), "exec \"$0\"".into(), path.into_os_string()],
+                    setup,
+                )
+                .unwrap();
+                assert!(done.status.success(), "run {i}: {}", done.stderr);
+                assert_eq!(done.stdout, format!("{i}\n"));
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
     }
 
     #[test]

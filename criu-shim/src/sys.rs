@@ -119,6 +119,42 @@ pub(crate) fn child_join_cgroup(procs: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// In a forked child: writes the action script `text` to `path` (a new file, mode 0700, the
+/// old one unlinked first), closing it before the exec. CRIU execs its script while this
+/// process is the only one that ever held it open for writing: a script the caller wrote
+/// could still be open for writing in a child another of the caller's threads forked meanwhile
+/// (until that child's exec), and exec of a file open for writing fails with `ETXTBSY`.
+/// Async-signal-safe: `unlink`, `open`, `write` and `close` on a C string and a buffer made
+/// before the fork.
+pub(crate) fn child_write_script(path: &CStr, text: &[u8]) -> io::Result<()> {
+    let err = |e: Errno| io::Error::from_raw_os_error(e as i32);
+    match nix::unistd::unlink(path) {
+        Ok(()) | Err(Errno::ENOENT) => {}
+        Err(e) => return Err(err(e)),
+    }
+    let fd = nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_WRONLY
+            | nix::fcntl::OFlag::O_CREAT
+            | nix::fcntl::OFlag::O_EXCL
+            | nix::fcntl::OFlag::O_CLOEXEC
+            | nix::fcntl::OFlag::O_NOFOLLOW,
+        nix::sys::stat::Mode::from_bits_truncate(0o700),
+    )
+    .map_err(err)?;
+    let mut left = text;
+    while !left.is_empty() {
+        match nix::unistd::write(&fd, left) {
+            Ok(0) => return Err(err(Errno::EIO)),
+            Ok(n) => left = &left[n..],
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    drop(fd);
+    Ok(())
+}
+
 /// In a forked child: enters a new mount namespace, makes every mount in it private (so nothing
 /// propagates back to the caller's namespace) and bind-mounts `source` over `target` there.
 pub(crate) fn child_private_bind(source: &CStr, target: &CStr) -> io::Result<()> {
