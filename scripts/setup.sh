@@ -26,6 +26,8 @@ CRIU_VERSION=4.2.1
 CRIU_SUITE=sid
 CRIU_BIN=/usr/local/sbin/criu
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Fixes to CRIU's source applied before the build; each patch says what it changes and why.
+CRIU_PATCHES="$REPO_ROOT/scripts/criu-patches"
 IMAGES="$CACHE/images"
 # Bump a *_RECIPE when the matching image build changes: cached images with another stamp are rebuilt.
 BUSYBOX_RECIPE=1
@@ -60,8 +62,8 @@ apt_packages=(
   iptables
   # `belayer-bench capture` compares against runc checkpoint/restore
   runc
-  # test helpers, rustup bootstrap, shell lint
-  python3 curl ca-certificates util-linux kmod shellcheck
+  # test helpers, rustup bootstrap, shell lint; patch applies scripts/criu-patches
+  patch python3 curl ca-certificates util-linux kmod shellcheck
   # libseccomp builds the sandbox's seccomp filter (a binary tree over syscall numbers)
   libseccomp-dev
   # mkfs.btrfs for the state file system and the quota tests' images (belayerd itself uses ioctls)
@@ -86,13 +88,22 @@ install_packages() {
   log "packages: ok (${#apt_packages[@]})"
 }
 
+# The patches applied to CRIU's source before the build (scripts/criu-patches, in name order),
+# named by a hash: a binary or a build tree with another stamp is rebuilt.
+criu_patch_stamp() {
+  cat "$CRIU_PATCHES"/*.patch 2>/dev/null | sha256sum | cut -c1-16
+}
+
 install_criu() {
-  if [ -x "$CRIU_BIN" ] && [[ "$("$CRIU_BIN" --version 2>/dev/null || true)" == *"Version: $CRIU_VERSION"* ]]; then
-    log "criu: $CRIU_BIN is $CRIU_VERSION"
+  local stamp mark="$CRIU_BIN.patches"
+  stamp=$(criu_patch_stamp)
+  if [ -x "$CRIU_BIN" ] && [[ "$("$CRIU_BIN" --version 2>/dev/null || true)" == *"Version: $CRIU_VERSION"* ]] \
+    && [ "$(cat "$mark" 2>/dev/null || true)" = "$stamp" ]; then
+    log "criu: $CRIU_BIN is $CRIU_VERSION (patches $stamp)"
     return
   fi
   local src="$CACHE/criu-$CRIU_VERSION"
-  if [ ! -x "$src/criu/criu" ]; then
+  if [ ! -x "$src/criu/criu" ] || [ "$(cat "$src/.belayer-patches" 2>/dev/null || true)" != "$stamp" ]; then
     local tarball="$CACHE/criu_$CRIU_VERSION.orig.tar.xz"
     if [ ! -f "$tarball" ]; then
       log "fetching CRIU $CRIU_VERSION source"
@@ -109,11 +120,18 @@ install_criu() {
     fi
     rm -rf "$src" && mkdir -p "$src"
     tar -xJf "$tarball" -C "$src" --strip-components=1
-    log "building CRIU $CRIU_VERSION (log: $CACHE/criu-build.log)"
+    local p
+    for p in "$CRIU_PATCHES"/*.patch; do
+      [ -f "$p" ] || continue
+      patch -d "$src" -p1 --forward --quiet < "$p" || die "CRIU patch $(basename "$p") does not apply"
+    done
+    log "building CRIU $CRIU_VERSION, patches $stamp (log: $CACHE/criu-build.log)"
     make -C "$src" -j"$(nproc)" criu >"$CACHE/criu-build.log" 2>&1 || { tail -30 "$CACHE/criu-build.log"; exit 1; }
+    echo "$stamp" > "$src/.belayer-patches"
   fi
   install -m 0755 "$src/criu/criu" "$CRIU_BIN"
-  log "criu: installed $CRIU_VERSION at $CRIU_BIN"
+  echo "$stamp" > "$mark"
+  log "criu: installed $CRIU_VERSION (patches $stamp) at $CRIU_BIN"
 }
 
 # The Rust toolchain pinned in rust-toolchain.toml, with clippy and rustfmt.
