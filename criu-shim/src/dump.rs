@@ -35,7 +35,7 @@ pub struct DumpRequest {
     network_lock: Option<NetworkLock>,
     timeout_s: Option<u32>,
     time_limit: Option<std::time::Duration>,
-    action_script: Option<PathBuf>,
+    action_script: Option<(PathBuf, String)>,
     netns: Option<PathBuf>,
     empty_netns: bool,
     cgroupns: Option<PathBuf>,
@@ -92,6 +92,15 @@ pub enum DumpError {
         /// The work dir.
         path: PathBuf,
         /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The action script's path cannot be handed to the child (a NUL byte in it).
+    #[error("cannot use {} as the action script's path", path.display())]
+    ScriptPath {
+        /// The path.
+        path: PathBuf,
+        /// Why.
         #[source]
         source: io::Error,
     },
@@ -267,11 +276,13 @@ impl DumpRequest {
         self
     }
 
-    /// `--action-script PATH`: CRIU runs `path` at each stage of the dump (pre-dump,
-    /// network-lock, post-dump, ...) with the stage in `$CRTOOLS_SCRIPT_ACTION`; a non-zero exit
-    /// aborts the dump. Used to hook into the middle of a dump (e.g. fault injection in tests).
-    pub fn action_script(mut self, path: Option<PathBuf>) -> Self {
-        self.action_script = path;
+    /// `--action-script PATH`: CRIU runs the script `text` (a file at `path`, which CRIU's own
+    /// process writes before its exec, so that no other process can hold it open for writing
+    /// and fail the exec with `ETXTBSY`) at each stage of the dump (pre-dump, network-lock,
+    /// post-dump, ...) with the stage in `$CRTOOLS_SCRIPT_ACTION`; a non-zero exit aborts the
+    /// dump. Used to hook into the middle of a dump (e.g. fault injection in tests).
+    pub fn action_script(mut self, script: Option<(PathBuf, String)>) -> Self {
+        self.action_script = script;
         self
     }
 
@@ -369,7 +380,7 @@ impl DumpRequest {
         if let Some(t) = self.timeout_s {
             push(&mut a, "--timeout", t.to_string());
         }
-        if let Some(script) = &self.action_script {
+        if let Some((script, _)) = &self.action_script {
             push(&mut a, "--action-script", script);
         }
         if self.empty_netns {
@@ -439,9 +450,19 @@ impl DumpRequest {
                 path: self.cgroupns.clone().unwrap_or_default(),
                 source,
             })?;
+        let scripts = match &self.action_script {
+            Some((path, text)) => vec![run::script_file(path, text.clone()).map_err(|source| {
+                DumpError::ScriptPath {
+                    path: path.clone(),
+                    source,
+                }
+            })?],
+            None => Vec::new(),
+        };
         Ok(ChildSetup {
             netns,
             cgroupns,
+            scripts,
             time_limit: self.time_limit,
             ..ChildSetup::default()
         })

@@ -112,7 +112,7 @@ impl Criu {
         let script = work.join("gate.sh");
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        // Written by CRIU's own process before its exec (`ChildSetup::script`), not here.
+        // Written by CRIU's own process before its exec (`ChildSetup::scripts`), not here.
         let text = run::script_file(&script, gate_script(&ready_path, &go_path))
             .map_err(setup_err(&script))?;
         // Opened before CRIU starts, so the script's write never blocks on our open.
@@ -126,7 +126,7 @@ impl Criu {
         run::push(&mut args, "--action-script", &script);
         let criu = self.path().to_path_buf();
         let mut setup = req.child_setup()?;
-        setup.script = Some(text);
+        setup.scripts.push(text);
         let child = std::thread::spawn(move || run::run(&criu, &args, setup));
 
         let started = Instant::now();

@@ -185,8 +185,8 @@ impl Criu {
         let script = work.join("hook.sh");
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
-        // Written by CRIU's own process before its exec (`ChildSetup::script`), not here.
-        setup.script = Some(
+        // Written by CRIU's own process before its exec (`ChildSetup::scripts`), not here.
+        setup.scripts.push(
             run::script_file(&script, hook_script(&stages, &ready_path, &go_path))
                 .map_err(setup_err(&script))?,
         );

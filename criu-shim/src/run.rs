@@ -34,14 +34,14 @@ pub(crate) struct ChildSetup {
     /// raised a capability into its inheritable set and then dropped it from its bounding set
     /// is only restorable by a restorer whose inheritable set already holds it.
     pub inheritable_from_permitted: bool,
-    /// Write this action script (path, text) first ([`sys::child_write_script`]): only the
-    /// child ever holds it open for writing, so CRIU's exec of it cannot meet `ETXTBSY`.
-    pub script: Option<(CString, Vec<u8>)>,
+    /// Write these action scripts (path, text) first ([`sys::child_write_script`]): only the
+    /// child ever holds them open for writing, so CRIU's exec of them cannot meet `ETXTBSY`.
+    pub scripts: Vec<(CString, Vec<u8>)>,
     /// Kill the run (`SIGKILL`) once it has taken this long (not used by the child).
     pub time_limit: Option<Duration>,
 }
 
-/// The [`ChildSetup::script`] for an action script at `path` with `text`. Errors: a path with
+/// The [`ChildSetup::scripts`] entry for an action script at `path` with `text`. Errors: a path with
 /// a NUL byte.
 pub(crate) fn script_file(path: &Path, text: String) -> io::Result<(CString, Vec<u8>)> {
     let path = CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
@@ -97,7 +97,7 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
     // and does not allocate: the closure owns `setup`, and errors are built from raw errnos.
     unsafe {
         cmd.pre_exec(move || {
-            if let Some((path, text)) = &setup.script {
+            for (path, text) in &setup.scripts {
                 sys::child_write_script(path, text)?;
             }
             if let Some(fd) = &setup.netns {
@@ -298,7 +298,7 @@ mod tests {
             for i in 0..100 {
                 let path = dir.path().join("hook.sh");
                 let setup = ChildSetup {
-                    script: Some(script_file(&path, format!("#!/bin/sh\necho {i}\n")).unwrap()),
+                    scripts: vec![script_file(&path, format!("#!/bin/sh\necho {i}\n")).unwrap()],
                     ..ChildSetup::default()
                 };
                 let done = run(

@@ -770,13 +770,11 @@ fn a_dump_past_its_time_limit_is_killed_and_lets_the_tree_go() {
     let counter = Counter::spawn(&d.root, None);
     let pid = counter.pid;
     // The script stalls CRIU at post-dump, while it still holds the tree seized and stopped.
-    let script = d.root.join("stall.sh");
-    std::fs::write(
-        &script,
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exec sleep 60\nexit 0\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let script = (
+        d.root.join("stall.sh"),
+        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] && exec sleep 60\nexit 0\n"
+            .to_string(),
+    );
     let limit = Duration::from_secs(2);
     let req = DumpRequest::new(pid, &d.images, d.root.join("dump-work"))
         .leave_running(true)

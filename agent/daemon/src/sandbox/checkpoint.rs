@@ -206,7 +206,7 @@ fn take(
             &rt.config,
             cgroup.memory_current().unwrap_or(0),
         )));
-    let dump = dump.action_script(fault_during_dump(req.fault, &work)?);
+    let dump = dump.action_script(fault_during_dump(req.fault, &work));
 
     // Frozen window: F_k and R_k at the same action boundary. CRIU starts first and calls
     // back when it is ready to seize the tree; the freeze and the upper-layer capture happen
@@ -583,15 +583,14 @@ fn ready_layer(store: &CheckpointStore, instance: u32) -> Option<std::sync::Arc<
     }
 }
 
-/// Test hook `DuringCriuDump`: a CRIU action script that, once the process tree is dumped but
-/// before CRIU finishes (its `post-dump` stage), fails the dump or SIGKILLs the daemon.
+/// Test hook `DuringCriuDump`: a CRIU action script (its path in `work` and its text) that,
+/// once the process tree is dumped but before CRIU finishes (its `post-dump` stage), fails the
+/// dump or SIGKILLs the daemon.
 fn fault_during_dump(
     f: Option<TestFault>,
     work: &std::path::Path,
-) -> Result<Option<std::path::PathBuf>, CheckpointError> {
-    let Some(f) = f.filter(|f| f.at == FailPoint::DuringCriuDump) else {
-        return Ok(None);
-    };
+) -> Option<(std::path::PathBuf, String)> {
+    let f = f.filter(|f| f.at == FailPoint::DuringCriuDump)?;
     let action = if f.kill_daemon {
         format!("kill -9 {}; exit 1", std::process::id())
     } else {
@@ -599,16 +598,5 @@ fn fault_during_dump(
     };
     let script =
         format!("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = post-dump ] || exit 0\n{action}\n");
-    let path = work.join("fault-during-dump.sh");
-    fs::write(&path, script).map_err(|source| CheckpointError::Write {
-        path: path.clone(),
-        source,
-    })?;
-    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).map_err(
-        |source| CheckpointError::Write {
-            path: path.clone(),
-            source,
-        },
-    )?;
-    Ok(Some(path))
+    Some((work.join("fault-during-dump.sh"), script))
 }
