@@ -286,6 +286,11 @@ impl DumpRequest {
         self
     }
 
+    /// The path of the script [`DumpRequest::action_script`] set, if any.
+    pub fn action_script_path(&self) -> Option<&Path> {
+        self.action_script.as_ref().map(|(p, _)| p.as_path())
+    }
+
     /// `-vN`: CRIU's log verbosity.
     pub fn log_level(mut self, level: LogLevel) -> Self {
         self.log_level = level;

@@ -67,7 +67,8 @@ pub(crate) fn make_fifo(path: &Path) -> io::Result<()> {
 /// Both fifo operations are bounded, together, by one `timeout` (its shell uses builtins only, so
 /// a stage costs three program starts): a CRIU whose caller died gives up by itself. The
 /// `timeout` stays in CRIU's process group (`--foreground`), so a CRIU killed with its group
-/// takes it along.
+/// takes it along. CRIU runs it at `pre-dump` only (`ChildSetup::script_actions`), so nothing
+/// of it runs once the tree is frozen.
 fn gate_script(ready: &Path, go: &Path) -> String {
     format!(
         "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
@@ -127,6 +128,10 @@ impl Criu {
         let criu = self.path().to_path_buf();
         let mut setup = req.child_setup()?;
         setup.scripts.push(text);
+        // Only the gate acts, at pre-dump; a caller's own script may act anywhere.
+        if req.action_script_path().is_none() {
+            setup.script_actions = Some("pre-dump".to_string());
+        }
         let child = std::thread::spawn(move || run::run(&criu, &args, setup));
 
         let started = Instant::now();

@@ -190,6 +190,13 @@ impl Criu {
             run::script_file(&script, hook_script(&stages, &ready_path, &go_path))
                 .map_err(setup_err(&script))?,
         );
+        setup.script_actions = Some(
+            stages
+                .iter()
+                .map(|s| s.action())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
         // Opened before CRIU starts, so the script's write never blocks on our open; read and
         // write, so that between two stages the fifo has a writer and `poll` waits for data
         // instead of reporting a hang-up.

@@ -37,9 +37,18 @@ pub(crate) struct ChildSetup {
     /// Write these action scripts (path, text) first ([`sys::child_write_script`]): only the
     /// child ever holds them open for writing, so CRIU's exec of them cannot meet `ETXTBSY`.
     pub scripts: Vec<(CString, Vec<u8>)>,
+    /// `$CRTOOLS_SCRIPT_ACTIONS` for CRIU: the only actions its scripts act on, space-separated
+    /// (CRIU's stage names). The CRIU `scripts/setup.sh` builds (`scripts/criu-patches`) then
+    /// runs them for those actions only, instead of a fork and an exec of each script at every
+    /// other stage (three of them in a dump's frozen window); another CRIU ignores it, and the
+    /// scripts pass the other actions themselves. `None`: every action.
+    pub script_actions: Option<String>,
     /// Kill the run (`SIGKILL`) once it has taken this long (not used by the child).
     pub time_limit: Option<Duration>,
 }
+
+/// The variable that names [`ChildSetup::script_actions`] for CRIU.
+pub(crate) const SCRIPT_ACTIONS_ENV: &str = "CRTOOLS_SCRIPT_ACTIONS";
 
 /// The [`ChildSetup::scripts`] entry for an action script at `path` with `text`. Errors: a path with
 /// a NUL byte.
@@ -91,6 +100,9 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(actions) = setup.script_actions.take() {
+        cmd.env(SCRIPT_ACTIONS_ENV, actions);
+    }
     // SAFETY: the hook runs in the forked child before exec. It only calls async-signal-safe
     // syscalls (unlink, open, write, close, setns, unshare, mount, capget/capset, close_range)
     // on fds, C strings and buffers created before the fork,
