@@ -63,21 +63,42 @@ pub(crate) fn make_fifo(path: &Path) -> io::Result<()> {
     nix::unistd::mkfifo(path, Mode::from_bits_truncate(0o600)).map_err(io::Error::from)
 }
 
-/// The `pre-dump` action script: report ready through `ready`, wait for the answer in `go`.
-/// Both fifo operations are bounded, together, by one `timeout` (its shell uses builtins only, so
-/// a stage costs three program starts): a CRIU whose caller died gives up by itself. The
-/// `timeout` stays in CRIU's process group (`--foreground`), so a CRIU killed with its group
-/// takes it along. CRIU runs it at `pre-dump` only (`ChildSetup::script_actions`), so nothing
-/// of it runs once the tree is frozen.
-fn gate_script(ready: &Path, go: &Path) -> String {
+/// An action script that holds CRIU at each action in `held` (CRIU's stage names): it writes
+/// `line` (shell words, expanded by the script) and a newline into the fifo `ready`, waits for
+/// the answer in the fifo `go`, and succeeds if that is `go`; every other action passes. One
+/// program start per held stage: `bash -p` (privileged mode: no `$BASH_ENV`, no functions
+/// from the environment), whose `read -t` bounds the wait, so a CRIU whose caller died gives
+/// up by itself after [`ORPHAN_TIMEOUT`]. Both fifos are opened read-write, which never
+/// blocks: the report sits in `ready` for the caller (who holds it open from before CRIU
+/// starts), and the script is a reader of `go` from then on (the caller's and
+/// [`abort_waiting_script`]'s non-blocking open for writing finds it). It stays in CRIU's
+/// process group, so a CRIU killed with its group takes it along.
+pub(crate) fn holding_script(held: &[&str], line: &str, ready: &Path, go: &Path) -> String {
     format!(
-        "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
-         exec timeout --foreground {wait} sh -c 'echo ready > \"$1\" && read -r answer < \"$2\"; \
-         [ \"$answer\" = go ]' gate {ready} {go}\n",
+        "#!/bin/bash -p
+case \"$CRTOOLS_SCRIPT_ACTION\" in
+{held}) ;;
+*) exit 0 ;;
+esac
+\
+         echo {line} 1<> {ready} || exit 1
+\
+         read -t {wait} -r answer 0<> {go} || exit 1
+\
+         [ \"$answer\" = go ]
+",
+        held = held.join("|"),
         wait = ORPHAN_TIMEOUT.as_secs(),
         ready = quote(ready),
         go = quote(go),
     )
+}
+
+/// The `pre-dump` action script ([`holding_script`]): reports `ready`, waits for the answer.
+/// CRIU runs it at `pre-dump` only (`ChildSetup::script_actions`), so nothing of it runs once
+/// the tree is frozen.
+fn gate_script(ready: &Path, go: &Path) -> String {
+    holding_script(&["pre-dump"], "ready", ready, go)
 }
 
 /// Single-quotes `path` for `sh`.
@@ -263,23 +284,51 @@ pub(crate) fn join_runner(
         .unwrap_or_else(|_| Err(io::Error::other("criu runner thread panicked")))
 }
 
+/// The caller's end of a `ready` fifo, opened before the script starts (as
+/// [`Criu::dump_gated`] and [`Criu::restore_staged`] do).
+#[cfg(test)]
+pub(crate) fn caller_end(ready: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(ready)
+        .unwrap()
+}
+
+/// One line from the caller's end of a `ready` fifo (blocks until it comes).
+#[cfg(test)]
+pub(crate) fn read_report(ready: &mut File) -> String {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\n") {
+        assert_eq!(ready.read(&mut byte).unwrap(), 1);
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use std::process::Command;
 
     use super::*;
 
-    fn waiting_script(dir: &Path) -> std::process::Child {
+    /// The gate script waiting in `dir`, and the caller's end of its `ready` fifo when
+    /// `caller` (opened before the script starts, as [`Criu::dump_gated`] does).
+    fn waiting_script(dir: &Path, caller: bool) -> (std::process::Child, Option<File>) {
         let (ready, go) = (dir.join("gate-ready"), dir.join("gate-go"));
         make_fifo(&ready).unwrap();
         make_fifo(&go).unwrap();
+        let end = caller.then(|| caller_end(&ready));
         let script = dir.join("gate.sh");
         std::fs::write(&script, gate_script(&ready, &go)).unwrap();
-        Command::new("sh")
+        let child = Command::new("bash")
+            .arg("-p")
             .arg(&script)
             .env("CRTOOLS_SCRIPT_ACTION", "pre-dump")
             .spawn()
-            .unwrap()
+            .unwrap();
+        (child, end)
     }
 
     fn exits_within(child: &mut std::process::Child, limit: Duration) -> Option<bool> {
@@ -295,10 +344,10 @@ mod tests {
     }
 
     #[test]
-    fn an_orphaned_gate_is_released_whether_or_not_it_reported_ready() {
-        // Blocked on reporting ready (its caller died before reading): abort releases it.
+    fn an_orphaned_gate_is_released_whether_or_not_its_report_was_read() {
+        // Its caller died before reading the report (nobody holds `ready`): abort releases it.
         let dir = tempfile::tempdir().unwrap();
-        let mut script = waiting_script(dir.path());
+        let (mut script, _) = waiting_script(dir.path(), false);
         std::thread::sleep(Duration::from_millis(100));
         assert!(abort_gated_dump(dir.path()), "a script was waiting");
         assert_eq!(
@@ -308,11 +357,8 @@ mod tests {
 
         // Reported ready and waiting for the answer: abort fails it too.
         let dir = tempfile::tempdir().unwrap();
-        let mut script = waiting_script(dir.path());
-        let mut ready = std::fs::File::open(dir.path().join("gate-ready")).unwrap();
-        let mut line = String::new();
-        std::io::Read::read_to_string(&mut ready, &mut line).unwrap();
-        assert_eq!(line, "ready\n");
+        let (mut script, ready) = waiting_script(dir.path(), true);
+        assert_eq!(read_report(&mut ready.unwrap()), "ready\n");
         assert!(abort_gated_dump(dir.path()));
         assert_eq!(
             exits_within(&mut script, Duration::from_secs(5)),
@@ -321,9 +367,8 @@ mod tests {
 
         // A go lets it succeed; nothing waiting: nothing to abort.
         let dir = tempfile::tempdir().unwrap();
-        let mut script = waiting_script(dir.path());
-        let mut ready = std::fs::File::open(dir.path().join("gate-ready")).unwrap();
-        std::io::Read::read_to_string(&mut ready, &mut line).unwrap();
+        let (mut script, ready) = waiting_script(dir.path(), true);
+        assert_eq!(read_report(&mut ready.unwrap()), "ready\n");
         let criu_running = std::thread::spawn(|| std::thread::sleep(Duration::from_secs(3)));
         answer(&dir.path().join("gate-go"), true, &criu_running).unwrap();
         assert_eq!(

@@ -17,11 +17,10 @@
 //! `SIGSTOP`.
 //!
 //! The script and its fifos (`hook-ready`, `hook-go`) live in the restore's work dir; the
-//! script reports `<stage> <root pid>` and waits for the answer. An answer other than `go`
-//! fails the script. A CRIU killed at its time limit takes the script with it: they share
-//! CRIU's process group (`timeout --foreground`: a plain `timeout` moves itself into a group
-//! of its own, and would outlive the kill for its whole bound, then stay a zombie nobody
-//! reaps).
+//! script reports `<stage> <root pid>` and waits for the answer
+//! ([`crate::gate::holding_script`]: one `bash -p` per held stage, its wait bounded by
+//! `read -t`). An answer other than `go` fails the script. A CRIU killed at its time limit
+//! takes the script with it: it stays in CRIU's process group.
 
 use std::fs::OpenOptions;
 use std::io::{self, Read};
@@ -31,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::gate::{answer, join_runner, make_fifo, quote, ORPHAN_TIMEOUT, SLICE};
+use crate::gate::{answer, holding_script, join_runner, make_fifo, SLICE};
 use crate::locate::Criu;
 use crate::restore::{RestoreError, RestoreOutcome, RestoreRequest};
 use crate::run;
@@ -129,19 +128,16 @@ fn setup_err<E>(path: &Path) -> impl FnOnce(io::Error) -> HookedRestoreError<E> 
     move |source| HookedRestoreError::Setup { path, source }
 }
 
-/// The action script: at each of `stages`, write `<stage> $CRTOOLS_INIT_PID` into `ready`
-/// and wait for the answer in `go`; every other stage passes. Both fifo operations are bounded.
+/// The action script ([`crate::gate::holding_script`]): at each of `stages`, report
+/// `<stage> $CRTOOLS_INIT_PID` into `ready` and wait for the answer in `go`; every other stage
+/// passes.
 fn hook_script(stages: &[RestoreStage], ready: &Path, go: &Path) -> String {
     let held: Vec<&str> = stages.iter().map(|s| s.action()).collect();
-    format!(
-        "#!/bin/sh\ncase \"$CRTOOLS_SCRIPT_ACTION\" in\n{held}) ;;\n*) exit 0 ;;\nesac\n\
-         exec timeout --foreground {wait} sh -c 'echo \"$2 $CRTOOLS_INIT_PID\" > \"$1\" && \
-         read -r answer < \"$3\"; [ \"$answer\" = go ]' hook {ready} \
-         \"$CRTOOLS_SCRIPT_ACTION\" {go}\n",
-        held = held.join("|"),
-        wait = ORPHAN_TIMEOUT.as_secs(),
-        ready = quote(ready),
-        go = quote(go),
+    holding_script(
+        &held,
+        "\"$CRTOOLS_SCRIPT_ACTION $CRTOOLS_INIT_PID\"",
+        ready,
+        go,
     )
 }
 
@@ -318,6 +314,7 @@ mod tests {
     use std::process::Command;
 
     use super::*;
+    use crate::gate::{caller_end, read_report};
 
     #[test]
     fn the_script_reports_stage_and_root_pid_and_passes_other_stages() {
@@ -329,28 +326,27 @@ mod tests {
         let stages = [RestoreStage::Namespaces, RestoreStage::PreResume];
         std::fs::write(&script, hook_script(&stages, &ready, &go)).unwrap();
         for other in ["post-restore", "post-resume", "setup-namespaces"] {
-            let status = Command::new("sh")
+            let status = Command::new("bash")
+                .arg("-p")
                 .arg(&script)
                 .env("CRTOOLS_SCRIPT_ACTION", other)
                 .status()
                 .unwrap();
             assert!(status.success(), "{other}");
         }
+        let mut caller = caller_end(&ready);
         for (stage, proceed) in [
             (RestoreStage::Namespaces, true),
             (RestoreStage::PreResume, false),
         ] {
-            let mut child = Command::new("sh")
+            let mut child = Command::new("bash")
+                .arg("-p")
                 .arg(&script)
                 .env("CRTOOLS_SCRIPT_ACTION", stage.action())
                 .env("CRTOOLS_INIT_PID", "4242")
                 .spawn()
                 .unwrap();
-            let mut text = String::new();
-            std::fs::File::open(&ready)
-                .unwrap()
-                .read_to_string(&mut text)
-                .unwrap();
+            let text = read_report(&mut caller);
             assert_eq!(text, format!("{} 4242\n", stage.action()));
             assert_eq!(parse_line(text.as_bytes(), stage), Some(4242));
             let criu_running =
@@ -378,21 +374,17 @@ mod tests {
         )
         .unwrap();
         // The script as the child of a group's leader, as under CRIU; held at its stage.
+        let mut caller = caller_end(&ready);
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(format!("sh '{}'; true", script.display()))
+            .arg(format!("bash -p '{}'; true", script.display()))
             .env("CRTOOLS_SCRIPT_ACTION", "pre-resume")
             .env("CRTOOLS_INIT_PID", "4242")
             .process_group(0)
             .spawn()
             .unwrap();
         let pgid = child.id() as i32;
-        let mut text = String::new();
-        std::fs::File::open(&ready)
-            .unwrap()
-            .read_to_string(&mut text)
-            .unwrap();
-        assert_eq!(text, "pre-resume 4242\n");
+        assert_eq!(read_report(&mut caller), "pre-resume 4242\n");
         // What killing CRIU at its time limit does: the whole group goes.
         nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pgid),
@@ -402,7 +394,7 @@ mod tests {
         child.wait().unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         loop {
-            let left = live_naming(&ready.display().to_string());
+            let left = live_naming(&script.display().to_string());
             if left.is_empty() {
                 break;
             }
@@ -415,7 +407,7 @@ mod tests {
     }
 
     /// Live (not zombie) processes whose command line names `needle` (the held script's
-    /// `timeout` and shell name its fifos), in whatever group they are.
+    /// shell names the script), in whatever group they are.
     fn live_naming(needle: &str) -> Vec<String> {
         std::fs::read_dir("/proc")
             .unwrap()
@@ -440,7 +432,8 @@ mod tests {
             hook_script(&[RestoreStage::PreResume], &ready, &go),
         )
         .unwrap();
-        let status = Command::new("sh")
+        let status = Command::new("bash")
+            .arg("-p")
             .arg(&script)
             .env("CRTOOLS_SCRIPT_ACTION", "post-setup-namespaces")
             .status()

@@ -67,7 +67,8 @@ fn a_script_killed_at_pre_resume_is_reported_as_such() {
     child.wait().unwrap();
 
     let work = tmp.path().join("restore-work");
-    let go = work.join("hook-go").display().to_string();
+    // The held script's shell names the script (CRIU names it too, after `--action-script`).
+    let script = format!("-p {}", work.join("hook.sh").display());
     let result = criu.restore_staged(
         &RestoreRequest::new(&images, &work),
         &[RestoreStage::PreResume],
@@ -75,7 +76,7 @@ fn a_script_killed_at_pre_resume_is_reported_as_such() {
             // What a stray SIGKILL does to the held script: it dies before the answer.
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {
-                let held = naming(&go);
+                let held = naming(&script);
                 if held.is_empty() {
                     return Ok::<(), std::io::Error>(());
                 }
