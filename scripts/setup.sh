@@ -91,7 +91,10 @@ install_packages() {
 # The patches applied to CRIU's source before the build (scripts/criu-patches, in name order),
 # named by a hash: a binary or a build tree with another stamp is rebuilt.
 criu_patch_stamp() {
-  cat "$CRIU_PATCHES"/*.patch 2>/dev/null | sha256sum | cut -c1-16
+  local p
+  for p in "$CRIU_PATCHES"/*.patch; do
+    if [ -f "$p" ]; then cat "$p"; fi
+  done | sha256sum | cut -c1-16
 }
 
 install_criu() {
@@ -123,7 +126,7 @@ install_criu() {
     local p
     for p in "$CRIU_PATCHES"/*.patch; do
       [ -f "$p" ] || continue
-      patch -d "$src" -p1 --forward --quiet < "$p" || die "CRIU patch $(basename "$p") does not apply"
+      patch -d "$src" -p1 --forward --fuzz=0 --quiet < "$p" || die "CRIU patch $(basename "$p") does not apply"
     done
     log "building CRIU $CRIU_VERSION, patches $stamp (log: $CACHE/criu-build.log)"
     make -C "$src" -j"$(nproc)" criu >"$CACHE/criu-build.log" 2>&1 || { tail -30 "$CACHE/criu-build.log"; exit 1; }

@@ -95,8 +95,9 @@ esac
 }
 
 /// The `pre-dump` action script ([`holding_script`]): reports `ready`, waits for the answer.
-/// CRIU runs it at `pre-dump` only (`ChildSetup::script_actions`), so nothing of it runs once
-/// the tree is frozen.
+/// The CRIU `scripts/setup.sh` builds runs it at `pre-dump` only (`ChildSetup::script_actions`),
+/// so nothing of it runs once the tree is frozen; another CRIU runs it at every stage, where it
+/// passes (a `bash` start each, three of them in the frozen window).
 fn gate_script(ready: &Path, go: &Path) -> String {
     holding_script(&["pre-dump"], "ready", ready, go)
 }
@@ -167,7 +168,11 @@ impl Criu {
                 Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
                 Ok(_) => {
                     let mut buf = [0u8; 16];
-                    seen_ready = matches!(ready.read(&mut buf), Ok(n) if n > 0);
+                    match ready.read(&mut buf) {
+                        Ok(n) if n > 0 => seen_ready = true,
+                        // A hang-up without a report: wait a slice instead of spinning.
+                        _ => std::thread::sleep(SLICE),
+                    }
                 }
                 Err(e) => return Err(setup_err(&ready_path)(e.into())),
             }
@@ -210,11 +215,12 @@ pub fn abort_held_restore(work_dir: &Path) -> bool {
     abort_waiting_script(&work_dir.join("hook-ready"), &work_dir.join("hook-go"))
 }
 
-/// Opens `ready` for reading (a script blocked on reporting goes on to wait for its
-/// answer), then writes `abort` into `go` once a reader has it open.
+/// Opens `ready` for reading, then writes `abort` into `go` once a reader has it open. A
+/// [`holding_script`] never blocks on its report (it opens `ready` read-write); the open is
+/// for a script an earlier version wrote (`echo > ready`, which blocks without a reader), left
+/// waiting by a daemon that was upgraded meanwhile.
 fn abort_waiting_script(ready: &Path, go: &Path) -> bool {
-    // Opening the ready fifo lets a script blocked on reporting ready go on to wait for
-    // the answer.
+    // Lets an earlier version's script blocked on reporting go on to wait for the answer.
     let Ok(_reader) = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)

@@ -100,11 +100,14 @@ pub(crate) fn run(criu: &Path, args: &[OsString], mut setup: ChildSetup) -> io::
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if let Some(actions) = setup.script_actions.take() {
-        cmd.env(SCRIPT_ACTIONS_ENV, actions);
-    }
+    // Never the daemon's own: unset, the scripts run at every action.
+    match setup.script_actions.take() {
+        Some(actions) => cmd.env(SCRIPT_ACTIONS_ENV, actions),
+        None => cmd.env_remove(SCRIPT_ACTIONS_ENV),
+    };
     // SAFETY: the hook runs in the forked child before exec. It only calls async-signal-safe
-    // syscalls (unlink, open, write, close, setns, unshare, mount, capget/capset, close_range)
+    // syscalls (unlink, open, fchmod, write, close, setns, unshare, mount, capget/capset,
+    // close_range)
     // on fds, C strings and buffers created before the fork,
     // and does not allocate: the closure owns `setup`, and errors are built from raw errnos.
     unsafe {

@@ -124,8 +124,8 @@ pub(crate) fn child_join_cgroup(procs: BorrowedFd<'_>) -> io::Result<()> {
 /// process is the only one that ever held it open for writing: a script the caller wrote
 /// could still be open for writing in a child another of the caller's threads forked meanwhile
 /// (until that child's exec), and exec of a file open for writing fails with `ETXTBSY`.
-/// Async-signal-safe: `unlink`, `open`, `write` and `close` on a C string and a buffer made
-/// before the fork.
+/// Async-signal-safe: `unlink`, `open`, `fchmod`, `write` and `close` on a C string and a
+/// buffer made before the fork.
 pub(crate) fn child_write_script(path: &CStr, text: &[u8]) -> io::Result<()> {
     let err = |e: Errno| io::Error::from_raw_os_error(e as i32);
     match nix::unistd::unlink(path) {
@@ -142,6 +142,8 @@ pub(crate) fn child_write_script(path: &CStr, text: &[u8]) -> io::Result<()> {
         nix::sys::stat::Mode::from_bits_truncate(0o700),
     )
     .map_err(err)?;
+    // The mode whatever the umask (one without `u+x` would make the script unexecutable).
+    nix::sys::stat::fchmod(&fd, nix::sys::stat::Mode::from_bits_truncate(0o700)).map_err(err)?;
     let mut left = text;
     while !left.is_empty() {
         match nix::unistd::write(&fd, left) {

@@ -141,7 +141,13 @@ impl SandboxPaths {
             .into_iter()
             .flatten()
             .flatten()
-            .filter_map(|e| e.file_name().to_str()?.strip_prefix("inst-")?.parse().ok())
+            .filter_map(|e| {
+                let name = e.file_name();
+                let digits = name.to_str()?.strip_prefix("inst-")?;
+                // Only the names `instance(n)` makes (`inst-05` or `inst-+5` is not instance 5).
+                let n: u32 = digits.parse().ok()?;
+                (n.to_string() == digits).then_some(n)
+            })
             .collect()
     }
     /// The number a new instance of a sandbox whose current instance is `current` takes: one

@@ -156,6 +156,14 @@ fn restore_locked(
     // A number no instance dir on disk has: a stale one (an interrupted restore's, found by
     // the adoption) may still be being deleted in the background.
     let n = slot.paths.next_instance(rec.instance);
+    // Whatever of instance n exists goes again on every way out before the record names it
+    // (declared before the instance, so that the instance's own drop, which unmounts it,
+    // runs first).
+    let mut new_dir = NewInstanceDir {
+        paths: &slot.paths,
+        n,
+        keep: false,
+    };
     let t_fs = Instant::now();
     let from_snapshot = upper::from_snapshot(rt, &rec, &slot.paths, n, &store, manifest.as_ref());
     if !from_snapshot {
@@ -220,24 +228,20 @@ fn restore_locked(
         (verified, materialized, netns, assembled)
     });
     t.verify = verified.1;
-    let discard = |e: RestoreError| {
-        let _ = crate::quota::remove_instance_dir(&slot.paths.instance(n));
-        e
-    };
-    verified.0.map_err(discard)?;
-    let assembled = assembled.transpose().map_err(|source| {
-        discard(RestoreError::Pages {
+    verified.0?;
+    let assembled = assembled
+        .transpose()
+        .map_err(|source| RestoreError::Pages {
             id: id.clone(),
             source,
-        })
-    })?;
+        })?;
     let (base, shared_bytes) = match materialized {
         Some(Ok((stats, rekeyed))) => (Some((n, std::sync::Arc::new(rekeyed))), stats.shared_bytes),
         Some(Err(source)) => {
-            return Err(discard(RestoreError::FsInstall {
+            return Err(RestoreError::FsInstall {
                 id: id.clone(),
                 source,
-            }))
+            })
         }
         // From the snapshot: the capture's keys hold (same inodes and times), and every data
         // byte is shared with the snapshot.
@@ -271,23 +275,22 @@ fn restore_locked(
     let t_mount = Instant::now();
     let mut snapshot = rec.clone();
     snapshot.instance = n;
-    let mut instance = Instance::mount_only(rt, &snapshot, &slot.paths, n, &lowers)
-        .map_err(|e| discard(e.into()))?;
+    let mut instance = Instance::mount_only(rt, &snapshot, &slot.paths, n, &lowers)?;
     if let Some(m) = &manifest {
         let images = store.path(&m.checkpoint).join("criu");
         if let Err(source) = check_image_paths(&images, &slot.paths.merged(n)) {
             drop(instance);
-            return Err(discard(RestoreError::UnsafeImages {
+            return Err(RestoreError::UnsafeImages {
                 id: id.clone(),
                 source,
-            }));
+            });
         }
     }
     // The disk limit, before CRIU writes into the instance (ghost files): only the mount,
     // above, ran without one, so that a sandbox at its limit can still be mounted.
     if let Err(e) = upper::apply_limit(rt, &rec, &slot.paths.instance(n), inherited) {
         drop(instance);
-        return Err(discard(CreateError::from(e).into()));
+        return Err(CreateError::from(e).into());
     }
 
     t.mount = ms(t_mount);
@@ -420,7 +423,7 @@ fn restore_locked(
                     // is untouched and the sandbox `failed`: a later restore starts afresh.
                     rt.tracer.untrack(&id);
                     drop(instance);
-                    return Err(discard(e));
+                    return Err(e);
                 }
             };
             let t_unlock = Instant::now();
@@ -471,10 +474,12 @@ fn restore_locked(
         }
         sys::try_reap(pid);
         let (paths, new) = (slot.paths.clone(), n);
+        new_dir.keep = true;
         std::thread::spawn(move || retire_instance(&paths, new));
         return Err(e);
     }
     restoring.done = true;
+    new_dir.keep = true;
     // The checkpoints after a restored earlier one stay: another branch of the tree.
     let dropped_prefixes = Vec::new();
     if !traced {
@@ -553,6 +558,28 @@ pub(crate) fn check_image_paths(
         })
         .collect();
     belayer_criu::validate_restore_paths_allowing(images, root, &binds)
+}
+
+/// Removes the directory of the instance a restore was making (`inst-<n>`) when the restore
+/// gives up before its record names it, on every error path (a restore takes a number past
+/// every instance dir on disk, so a failed attempt's dir would otherwise stay until the next
+/// adoption), unless `keep` (the record names it, or a background retirement took it over).
+struct NewInstanceDir<'a> {
+    paths: &'a super::SandboxPaths,
+    n: u32,
+    keep: bool,
+}
+
+impl Drop for NewInstanceDir<'_> {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        let dir = self.paths.instance(self.n);
+        if let Err(e) = crate::quota::remove_instance_dir(&dir) {
+            tracing::warn!(path = %dir.display(), error = %e, "cannot remove the instance of a failed restore (the next start retries)");
+        }
+    }
 }
 
 /// Leaves a sandbox `failed` (not `restoring`) when a restore gives up after it tore the old
