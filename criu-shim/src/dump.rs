@@ -287,7 +287,7 @@ impl DumpRequest {
     }
 
     /// The path of the script [`DumpRequest::action_script`] set, if any.
-    pub fn action_script_path(&self) -> Option<&Path> {
+    pub(crate) fn action_script_path(&self) -> Option<&Path> {
         self.action_script.as_ref().map(|(p, _)| p.as_path())
     }
 

@@ -99,8 +99,11 @@ esac
 /// so nothing of it runs once the tree is frozen; another CRIU runs it at every stage, where it
 /// passes (a `bash` start each, three of them in the frozen window).
 fn gate_script(ready: &Path, go: &Path) -> String {
-    holding_script(&["pre-dump"], "ready", ready, go)
+    holding_script(&[GATE_ACTION], "ready", ready, go)
 }
+
+/// The stage a gated dump holds CRIU at.
+const GATE_ACTION: &str = "pre-dump";
 
 /// Single-quotes `path` for `sh`.
 pub(crate) fn quote(path: &Path) -> String {
@@ -152,7 +155,7 @@ impl Criu {
         setup.scripts.push(text);
         // Only the gate acts, at pre-dump; a caller's own script may act anywhere.
         if req.action_script_path().is_none() {
-            setup.script_actions = Some("pre-dump".to_string());
+            setup.script_actions = Some(GATE_ACTION.to_string());
         }
         let child = std::thread::spawn(move || run::run(&criu, &args, setup));
 

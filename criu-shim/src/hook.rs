@@ -128,17 +128,21 @@ fn setup_err<E>(path: &Path) -> impl FnOnce(io::Error) -> HookedRestoreError<E> 
     move |source| HookedRestoreError::Setup { path, source }
 }
 
-/// The action script ([`crate::gate::holding_script`]): at each of `stages`, report
-/// `<stage> $CRTOOLS_INIT_PID` into `ready` and wait for the answer in `go`; every other stage
-/// passes.
-fn hook_script(stages: &[RestoreStage], ready: &Path, go: &Path) -> String {
-    let held: Vec<&str> = stages.iter().map(|s| s.action()).collect();
+/// The action script ([`crate::gate::holding_script`]): at each of the actions `held`
+/// ([`RestoreStage::action`]), report `<action> $CRTOOLS_INIT_PID` into `ready` and wait for
+/// the answer in `go`; every other stage passes.
+fn hook_script(held: &[&str], ready: &Path, go: &Path) -> String {
     holding_script(
-        &held,
+        held,
         "\"$CRTOOLS_SCRIPT_ACTION $CRTOOLS_INIT_PID\"",
         ready,
         go,
     )
+}
+
+/// CRIU's names of `stages`.
+fn actions(stages: &[RestoreStage]) -> Vec<&'static str> {
+    stages.iter().map(|s| s.action()).collect()
 }
 
 /// Parses `<stage> <pid>` as the script writes it; `None` unless it is `expected` with a pid
@@ -182,17 +186,12 @@ impl Criu {
         make_fifo(&ready_path).map_err(setup_err(&ready_path))?;
         make_fifo(&go_path).map_err(setup_err(&go_path))?;
         // Written by CRIU's own process before its exec (`ChildSetup::scripts`), not here.
+        let held = actions(&stages);
         setup.scripts.push(
-            run::script_file(&script, hook_script(&stages, &ready_path, &go_path))
+            run::script_file(&script, hook_script(&held, &ready_path, &go_path))
                 .map_err(setup_err(&script))?,
         );
-        setup.script_actions = Some(
-            stages
-                .iter()
-                .map(|s| s.action())
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
+        setup.script_actions = Some(held.join(" "));
         // Opened before CRIU starts, so the script's write never blocks on our open; read and
         // write, so that between two stages the fifo has a writer and `poll` waits for data
         // instead of reporting a hang-up.
@@ -324,7 +323,7 @@ mod tests {
         make_fifo(&go).unwrap();
         let script = dir.path().join("hook.sh");
         let stages = [RestoreStage::Namespaces, RestoreStage::PreResume];
-        std::fs::write(&script, hook_script(&stages, &ready, &go)).unwrap();
+        std::fs::write(&script, hook_script(&actions(&stages), &ready, &go)).unwrap();
         for other in ["post-restore", "post-resume", "setup-namespaces"] {
             let status = Command::new("bash")
                 .arg("-p")
@@ -370,7 +369,7 @@ mod tests {
         let script = dir.path().join("hook.sh");
         std::fs::write(
             &script,
-            hook_script(&[RestoreStage::PreResume], &ready, &go),
+            hook_script(&[RestoreStage::PreResume.action()], &ready, &go),
         )
         .unwrap();
         // The script as the child of a group's leader, as under CRIU; held at its stage.
@@ -429,7 +428,7 @@ mod tests {
         let script = dir.path().join("hook.sh");
         std::fs::write(
             &script,
-            hook_script(&[RestoreStage::PreResume], &ready, &go),
+            hook_script(&[RestoreStage::PreResume.action()], &ready, &go),
         )
         .unwrap();
         let status = Command::new("bash")

@@ -5,7 +5,6 @@
 //! (the CRIU that `scripts/setup.sh` builds, with `scripts/criu-patches`; its dump log says so).
 //! Skips (printing why) when no usable CRIU, `unshare`, `ip`, `iptables` or `python3` is found.
 
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,6 +12,8 @@ use std::time::{Duration, Instant};
 use belayer_criu::{Criu, DumpRequest};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+
+mod common;
 
 /// Sends one UDP datagram to 127.0.0.1:9 (a conntrack entry, once a rule asks for tracking).
 const SEND_UDP: &str = "python3 -c 'import socket; \
@@ -42,21 +43,8 @@ fn dump_in_own_netns(criu: &Criu, dir: &Path, traffic: &str) -> (u64, String) {
          {traffic} && : > {ready} && exec sleep 1000",
         ready = ready.display()
     );
-    let mut cmd = Command::new("unshare");
-    cmd.args(["-n", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: setsid in the forked child before exec; async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
+    let mut child =
+        common::spawn_in_own_session(Command::new("unshare").args(["-n", "sh", "-c", &script]));
     let deadline = Instant::now() + Duration::from_secs(20);
     while !ready.exists() {
         assert!(
@@ -96,12 +84,8 @@ fn dump_in_own_netns(criu: &Criu, dir: &Path, traffic: &str) -> (u64, String) {
 
 #[test]
 fn conntrack_entries_are_dumped_and_an_empty_table_is_not_walked() {
-    let criu = match Criu::locate(None) {
-        Ok(criu) => criu,
-        Err(err) => {
-            println!("SKIP conntrack: {err}");
-            return;
-        }
+    let Some(criu) = common::criu_or_skip("conntrack") else {
+        return;
     };
     if let Some(tool) = missing_tool() {
         println!("SKIP conntrack: no {tool}");

@@ -4,14 +4,12 @@
 //! (the CRIU that `scripts/setup.sh` builds, with `scripts/criu-patches`; its logs show each
 //! script run). Skips (printing why) only when no usable CRIU is found.
 
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
-use belayer_criu::{Criu, DumpRequest, RestoreRequest, RestoreStage, DUMP_LOG, RESTORE_LOG};
+use belayer_criu::{DumpRequest, RestoreRequest, RestoreStage, DUMP_LOG, RESTORE_LOG};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
+
+mod common;
 
 /// The lines of CRIU's log `log` that name a run of the script called `script`, and the
 /// stages CRIU reached ("Running <stage> scripts").
@@ -29,33 +27,13 @@ fn script_runs(log: &str, script: &str) -> (usize, usize) {
 
 #[test]
 fn the_scripts_run_only_at_the_stages_they_act_on() {
-    let criu = match Criu::locate(None) {
-        Ok(criu) => criu,
-        Err(err) => {
-            println!("SKIP the_scripts_run_only_at_the_stages_they_act_on: {err}");
-            return;
-        }
+    let Some(criu) = common::criu_or_skip("the_scripts_run_only_at_the_stages_they_act_on") else {
+        return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let images = tmp.path().join("images");
     std::fs::create_dir(&images).unwrap();
-    let mut cmd = Command::new("sleep");
-    cmd.arg("1000")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: setsid in the forked child before exec; async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let pid = child.id() as i32;
-    std::thread::sleep(Duration::from_millis(200));
+    let (mut child, pid) = common::sleeping_task();
     let dump_work = tmp.path().join("dump-work");
     criu.dump_gated(&DumpRequest::new(pid, &images, &dump_work), || {
         Ok::<(), std::io::Error>(())

@@ -3,14 +3,14 @@
 //! [`HookedRestoreError::ScriptEnded`] with what CRIU's log says about the script, not a
 //! bare error about the answer fifo. Skips (printing why) only when no usable CRIU is found.
 
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use belayer_criu::{Criu, DumpRequest, HookedRestoreError, RestoreRequest, RestoreStage};
+use belayer_criu::{DumpRequest, HookedRestoreError, RestoreRequest, RestoreStage};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
+
+mod common;
 
 /// Live processes whose command line names `needle`.
 fn naming(needle: &str) -> Vec<i32> {
@@ -28,34 +28,14 @@ fn naming(needle: &str) -> Vec<i32> {
 
 #[test]
 fn a_script_killed_at_pre_resume_is_reported_as_such() {
-    let criu = match Criu::locate(None) {
-        Ok(criu) => criu,
-        Err(err) => {
-            println!("SKIP a_script_killed_at_pre_resume_is_reported_as_such: {err}");
-            return;
-        }
+    let Some(criu) = common::criu_or_skip("a_script_killed_at_pre_resume_is_reported_as_such")
+    else {
+        return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let images = tmp.path().join("images");
     std::fs::create_dir(&images).unwrap();
-    // One task, so that every pid the images name is free once it is reaped.
-    let mut cmd = Command::new("sleep");
-    cmd.arg("1000")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: setsid in the forked child before exec; async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().unwrap();
-    let pid = child.id() as i32;
-    std::thread::sleep(Duration::from_millis(200));
+    let (mut child, pid) = common::sleeping_task();
     criu.dump(&DumpRequest::new(
         pid,
         &images,
